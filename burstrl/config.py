@@ -1,0 +1,156 @@
+"""Typed configuration, read from params.yaml (which `dvc exp run` composes from conf/ with Hydra).
+
+Each stage reads only its own sections; dvc.yaml lists exactly those sections under the stage's
+`params:`, so changing a train setting never re-runs generate. Derived values live in properties here.
+"""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+
+@dataclass
+class ModelConfig:
+    source: str = "tiny"
+    """"tiny" builds the embedded character-level Llama; otherwise a Hugging Face model id or local path."""
+    hidden_size: int = 128
+    """Width of the embedded model (head_dim stays 64, so heads = hidden_size / 64)."""
+    layers: int = 4
+    """Transformer blocks of the embedded model."""
+    max_len: int = 32
+    """Longest prompt + completion in tokens; also vLLM's max_model_len."""
+
+
+@dataclass
+class TaskConfig:
+    name: str = "addition"
+    """"addition" is the embedded two-digit addition task; otherwise a `datasets` path (Hub id or local dir)."""
+    train_split: str = "train"
+    """Split of a `datasets` task used for rollouts."""
+    heldout_split: str = "test"
+    """Split of a `datasets` task used for evaluation."""
+    prompt_column: str = "prompt"
+    """Column holding the prompt text in a `datasets` task."""
+    answer_column: str = "answer"
+    """Column holding the reference answer in a `datasets` task."""
+    heldout_size: int = 200
+    """Held-out prompts (the embedded task carves them out of the train pairs with `seed`)."""
+
+
+@dataclass
+class BootstrapConfig:
+    sft_steps: int = 550
+    """Supervised steps on the embedded task: enough to be sometimes right, far from mastery."""
+    batch_size: int = 64
+    """Pairs per supervised step."""
+    learning_rate: float = 1e-3
+    """AdamW learning rate of the warm-up."""
+
+
+@dataclass
+class HardwareConfig:
+    dtype: str = "float32"
+    """Weights and activations in vLLM ("float16" on gfx906, which has no bf16; "bfloat16" on NVIDIA)."""
+    gpu_memory_utilization: float = 0.1
+    """vLLM's memory share: of the GPU, or on CPU of the RAM reserved for the KV cache."""
+    enforce_eager: bool = True
+    """Skip CUDA-graph capture and compilation: faster start, what small models and the gfx906 fork want."""
+    max_num_seqs: int = 256
+    """vLLM's cap on sequences batched together."""
+    train_device: str = "cpu"
+    """Where the train stage runs its backward pass ("cpu", "cuda")."""
+    train_bf16: bool = False
+    """Train in bf16 mixed precision (an H200 yes, a CPU no)."""
+
+
+@dataclass
+class GenerateConfig:
+    prompts_per_iteration: int = 64
+    """Prompts drawn (seeded by iteration) from the train split for each rollout batch."""
+    num_generations: int = 8
+    """Completions per prompt: the GRPO group size G."""
+    temperature: float = 1.0
+    """Sampling temperature; the stored logprobs are at this temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling; 1.0 keeps the full distribution so stored logprobs stay comparable to the trainer's."""
+    max_tokens: int = 5
+    """Longest completion in tokens."""
+
+
+@dataclass
+class ScoreConfig:
+    reward_funcs: list[str] = field(default_factory=lambda: ["burstrl.rewards.exact_match"])
+    """Dotted names of reward functions with TRL's signature fn(prompts, completions, completion_ids, **columns)."""
+    reward_weights: list[float] = field(default_factory=lambda: [1.0])
+    """Weight of each reward function in the total reward."""
+    scale_rewards: bool = True
+    """Divide group-centred rewards by the group's std (GRPO) or not (Dr. GRPO)."""
+
+
+@dataclass
+class TrainConfig:
+    learning_rate: float = 1e-4
+    """AdamW learning rate."""
+    batch_size: int = 64
+    """Completions per optimizer step; must divide the rollout batch."""
+    epochs: int = 1
+    """Optimizer passes over one rollout batch (TRL's num_iterations)."""
+    beta: float = 0.04
+    """KL coefficient against the precomputed reference logprobs (TRL's k3 estimator)."""
+    loss_type: str = "dapo"
+    """TRL loss aggregation: grpo, bnpo, dr_grpo or dapo."""
+    epsilon: float = 0.2
+    """PPO clip range."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping."""
+
+
+@dataclass
+class EvalConfig:
+    max_tokens: int = 5
+    """Longest greedy completion on the held-out set."""
+
+
+@dataclass
+class SyncConfig:
+    targets: list[str] = field(default_factory=lambda: ["build/inference"])
+    """Where new weights go: local directories or `user@host:path` over SSH."""
+    ssh_command: str = "ssh -o BatchMode=yes"
+    """The remote shell rsync uses; keys come from the SSH agent or ~/.ssh, never from params."""
+
+
+@dataclass
+class Config:
+    seed: int = 0
+    """Seeds task splits, prompt draws, sampling and training."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    bootstrap: BootstrapConfig = field(default_factory=BootstrapConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    generate: GenerateConfig = field(default_factory=GenerateConfig)
+    score: ScoreConfig = field(default_factory=ScoreConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
+
+    @property
+    def rollouts_per_iteration(self) -> int:
+        return self.generate.prompts_per_iteration * self.generate.num_generations
+
+
+def load_config(path: Path | str = "params.yaml") -> Config:
+    """params.yaml merged over the defaults; unknown keys and wrong types fail here, naming the key."""
+    raw = OmegaConf.load(path)
+    merged = OmegaConf.merge(OmegaConf.structured(Config), raw)
+    cfg: Config = OmegaConf.to_object(merged)
+    if cfg.rollouts_per_iteration % cfg.train.batch_size:
+        raise ValueError(
+            f"{path}: train.batch_size={cfg.train.batch_size} must divide the rollout batch "
+            f"(generate.prompts_per_iteration * generate.num_generations = {cfg.rollouts_per_iteration})"
+        )
+    if cfg.generate.num_generations < 2:
+        raise ValueError(f"{path}: generate.num_generations must be >= 2 for group-relative advantages")
+    if len(cfg.score.reward_funcs) != len(cfg.score.reward_weights):
+        raise ValueError(f"{path}: score.reward_funcs and score.reward_weights must have the same length")
+    return cfg

@@ -1,0 +1,137 @@
+"""The data contract between stages: every Parquet schema and policy directory, and its invariants.
+
+Rollouts (generate -> score), one row per completion:
+  - a group is all rows of one `prompt_id`; its `sample_index` values are exactly 0..n-1 with n >= 2;
+  - `prompt_ids` and `completion_ids` are the token ids the sampler saw and produced; text columns are for
+    humans and reward functions only and are never re-tokenized;
+  - `sampler_logprobs[i]` is the sampler's logprob of `completion_ids[i]` at `temperature`: same length,
+    finite, <= 0;
+  - `policy_version` / `policy_hash` name the checkpoint that sampled the row.
+Scored rollouts (score -> train) add:
+  - `rewards`: one value per reward function, in the order of `score.reward_funcs`; `reward` their weighted sum;
+  - `advantage`: group-relative, so it sums to ~0 within each group;
+  - `ref_logprobs`: the frozen reference's logprob of each completion token at temperature 1, same length as
+    `completion_ids`, finite, <= 0.
+Task columns (e.g. `answer`) ride along unchanged so reward functions receive them as keyword arguments.
+
+Readers call `read_rollouts` / `read_scored`, which check all of the above and raise `ContractError`
+naming the file, the row and the field.
+"""
+
+import math
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+ROLLOUT_FIELDS = [
+    pa.field("prompt_id", pa.int64()),
+    pa.field("sample_index", pa.int32()),
+    pa.field("prompt", pa.string()),
+    pa.field("prompt_ids", pa.list_(pa.int32())),
+    pa.field("completion", pa.string()),
+    pa.field("completion_ids", pa.list_(pa.int32())),
+    pa.field("sampler_logprobs", pa.list_(pa.float32())),
+    pa.field("finish_reason", pa.string()),
+    pa.field("policy_version", pa.string()),
+    pa.field("policy_hash", pa.string()),
+    pa.field("temperature", pa.float32()),
+    pa.field("top_p", pa.float32()),
+    pa.field("seed", pa.int64()),
+]
+SCORED_FIELDS = ROLLOUT_FIELDS + [
+    pa.field("rewards", pa.list_(pa.float32())),
+    pa.field("reward", pa.float32()),
+    pa.field("advantage", pa.float32()),
+    pa.field("ref_logprobs", pa.list_(pa.float32())),
+]
+FINISH_REASONS = {"stop", "length"}
+
+
+class ContractError(ValueError):
+    """Input that breaks the contract; the message names file, row and field."""
+
+
+def _fail(path, row, field, problem, table=None):
+    where = f"row {row}"
+    if table is not None and row is not None:
+        where += f" (prompt_id={table['prompt_id'][row].as_py()}, sample_index={table['sample_index'][row].as_py()})"
+    raise ContractError(f"{path}: {where if row is not None else 'schema'}: field '{field}': {problem}")
+
+
+def _read(path: Path, fields: list[pa.Field]) -> pa.Table:
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowInvalid) as err:
+        raise ContractError(f"{path}: not a readable Parquet file: {err}") from err
+    for f in fields:
+        if f.name not in table.column_names:
+            _fail(path, None, f.name, "column is missing")
+        if table.schema.field(f.name).type != f.type:
+            _fail(path, None, f.name, f"dtype is {table.schema.field(f.name).type}, expected {f.type}")
+    return table
+
+
+def _check_logprobs(path, table, name):
+    lengths = table["completion_ids"].to_pylist()
+    for row, values in enumerate(table[name].to_pylist()):
+        if len(values) != len(lengths[row]):
+            _fail(path, row, name, f"has {len(values)} values for {len(lengths[row])} completion tokens", table)
+        bad = next((v for v in values if not math.isfinite(v) or v > 0), None)
+        if bad is not None:
+            _fail(path, row, name, f"holds {bad}; logprobs must be finite and <= 0", table)
+
+
+def _check_groups(path, table):
+    groups: dict[int, list[tuple[int, int]]] = {}
+    for row, (pid, idx) in enumerate(zip(table["prompt_id"].to_pylist(), table["sample_index"].to_pylist())):
+        groups.setdefault(pid, []).append((idx, row))
+    for pid, members in groups.items():
+        indices = sorted(i for i, _ in members)
+        first_row = min(r for _, r in members)
+        if len(members) < 2:
+            _fail(path, first_row, "prompt_id", f"group {pid} has {len(members)} completion; GRPO needs >= 2", table)
+        if indices != list(range(len(members))):
+            _fail(path, first_row, "sample_index", f"group {pid} has indices {indices}, expected 0..{len(members) - 1}")
+
+
+def _check_rollouts(path, table):
+    for row, ids in enumerate(table["completion_ids"].to_pylist()):
+        if not ids:
+            _fail(path, row, "completion_ids", "is empty", table)
+    for row, reason in enumerate(table["finish_reason"].to_pylist()):
+        if reason not in FINISH_REASONS:
+            _fail(path, row, "finish_reason", f"is {reason!r}, expected one of {sorted(FINISH_REASONS)}", table)
+    _check_logprobs(path, table, "sampler_logprobs")
+    _check_groups(path, table)
+
+
+def read_rollouts(path: Path) -> pa.Table:
+    table = _read(path, ROLLOUT_FIELDS)
+    _check_rollouts(path, table)
+    return table
+
+
+def read_scored(path: Path) -> pa.Table:
+    table = _read(path, SCORED_FIELDS)
+    _check_rollouts(path, table)
+    _check_logprobs(path, table, "ref_logprobs")
+    for name in ("reward", "advantage"):
+        for row, value in enumerate(table[name].to_pylist()):
+            if value is None or not math.isfinite(value):
+                _fail(path, row, name, f"is {value}; must be finite", table)
+    return table
+
+
+def write_table(table: pa.Table, fields: list[pa.Field], path: Path) -> None:
+    """Write with the contract's column order and types first, then tmp + rename so readers never see half a file."""
+    names = [f.name for f in fields]
+    extra = [c for c in table.column_names if c not in names]
+    write_parquet(table.select(names + extra).cast(pa.schema(fields + [table.schema.field(c) for c in extra])), path)
+
+
+def write_parquet(table: pa.Table, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(table, tmp)
+    tmp.replace(path)

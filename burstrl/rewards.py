@@ -1,0 +1,37 @@
+"""Reward functions, with TRL's contract: fn(prompts, completions, completion_ids, **columns) -> list[float].
+
+Any callable with that signature plugs in by dotted name in `score.reward_funcs`, including TRL's own
+(`trl.rewards.accuracy_reward`, ...). A function may return None for a sample it does not apply to; the
+weighted total skips it, as TRL does.
+"""
+
+import importlib
+import math
+
+
+def exact_match(prompts, completions, completion_ids, answer, **kwargs) -> list[float]:
+    """1.0 when the completion, stripped of whitespace, equals the reference answer, else 0.0."""
+    return [1.0 if c.strip() == a.strip() else 0.0 for c, a in zip(completions, answer, strict=True)]
+
+
+def resolve(name: str):
+    """Import `package.module.function`; a bad name raises a ValueError that says which and why."""
+    module_name, _, attr = name.rpartition(".")
+    try:
+        fn = getattr(importlib.import_module(module_name), attr) if module_name else None
+    except ImportError as err:
+        raise ValueError(f"score.reward_funcs: cannot import module of '{name}': {err}") from err
+    except AttributeError:
+        fn = None
+    if not callable(fn):
+        raise ValueError(f"score.reward_funcs: unknown reward function '{name}' (expected module.function)")
+    return fn
+
+
+def weighted_total(per_function: list[list[float | None]], weights: list[float]) -> list[float]:
+    """Per-sample sum of weight * reward over the functions that returned a value (None is skipped)."""
+    totals = []
+    for values in zip(*per_function, strict=True):
+        present = [w * v for w, v in zip(weights, values, strict=True) if v is not None and not math.isnan(v)]
+        totals.append(sum(present) if present else math.nan)
+    return totals

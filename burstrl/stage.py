@@ -1,0 +1,39 @@
+"""What every stage entry point shares: argument parsing, timing and atomic metric files."""
+
+import argparse
+import json
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from burstrl.config import Config, load_config
+from burstrl.contract import ContractError
+
+
+def write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)
+
+
+def parse(description: str, *names: str) -> tuple[argparse.Namespace, Config]:
+    parser = argparse.ArgumentParser(description=description)
+    for name in names:
+        parser.add_argument(name)
+    parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
+    args = parser.parse_args()
+    return args, load_config(args.params)
+
+
+@contextmanager
+def stage(name: str, metrics: dict):
+    """Time the stage into metrics['seconds'] and turn contract errors into one clear line and exit 1."""
+    start = time.monotonic()
+    try:
+        yield
+    except (ContractError, ValueError) as err:
+        print(f"{name}: error: {err}", file=sys.stderr)
+        sys.exit(1)
+    metrics["seconds"] = round(time.monotonic() - start, 2)

@@ -1,0 +1,50 @@
+"""The embedded default policy: a character-level tokenizer and a small Llama built from scratch.
+
+Everything here runs offline. The tokenizer is a `tokenizers` WordLevel model over single characters, saved
+as a standard `tokenizer.json` so that vLLM, TRL and transformers all load it like any Hub tokenizer.
+"""
+
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>"]
+ALPHABET = "0123456789+-*=? "
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + list(ALPHABET))}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="?"))
+    core.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    # Fuse: decode joins characters with no separator (WordLevel's default would insert spaces).
+    core.decoder = decoders.Fuse()
+    core.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", vocab["<bos>"])])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="?"
+    )
+
+
+def build_model(tokenizer: PreTrainedTokenizerFast, hidden_size: int, layers: int, max_len: int) -> LlamaForCausalLM:
+    # head_dim 64: vLLM's CPU attention rejects smaller head sizes.
+    heads = max(1, hidden_size // 64)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=4 * hidden_size,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        head_dim=hidden_size // heads,
+        max_position_embeddings=max_len,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return LlamaForCausalLM(config)
+
+
+def save_policy(model, tokenizer, out_dir: Path) -> None:
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)

@@ -1,0 +1,50 @@
+"""bootstrap: build the starting policy (checkpoints/000, also the frozen reference) and evaluate it.
+
+model.source "tiny" builds the embedded character-level Llama and warms it up with a short supervised
+run on the task; any other source is a Hugging Face causal LM, copied in (and warmed up if sft_steps > 0).
+"""
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from burstrl import engine
+from burstrl.evaluate import heldout_accuracy
+from burstrl.policy import publish_policy, staging_dir
+from burstrl.sft import encode_pairs, supervised_finetune
+from burstrl.stage import parse, stage, write_json
+from burstrl.tinymodel import build_model, build_tokenizer, save_policy
+
+OUT = Path("checkpoints/000")
+
+if __name__ == "__main__":
+    args, cfg = parse(__doc__)
+    metrics: dict = {}
+    with stage("bootstrap", metrics):
+        torch.manual_seed(cfg.seed)
+        if cfg.model.source == "tiny":
+            tokenizer = build_tokenizer()
+            model = build_model(tokenizer, cfg.model.hidden_size, cfg.model.layers, cfg.model.max_len)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(cfg.model.source)
+            model = AutoModelForCausalLM.from_pretrained(cfg.model.source)
+        train = pq.read_table("data/task/train.parquet")
+        if cfg.bootstrap.sft_steps:
+            ids, labels = encode_pairs(tokenizer, train["prompt"].to_pylist(), train["answer"].to_pylist())
+            losses = supervised_finetune(model, ids, labels, steps=cfg.bootstrap.sft_steps,
+                                         batch_size=cfg.bootstrap.batch_size, lr=cfg.bootstrap.learning_rate,
+                                         seed=cfg.seed)
+            metrics["sft_final_loss"] = round(sum(losses[-20:]) / len(losses[-20:]), 4)
+        tmp = staging_dir(OUT)
+        save_policy(model, tokenizer, tmp)
+        meta = publish_policy(tmp, OUT, version="000", parent=None, iteration=0)
+        metrics["parameters"] = sum(p.numel() for p in model.parameters())
+
+        heldout = pq.read_table("data/task/heldout.parquet")
+        with engine.running(OUT, cfg.hardware, cfg.model.max_len, cfg.seed) as llm:
+            accuracy = heldout_accuracy(llm, tokenizer, heldout, cfg.eval.max_tokens)
+    write_json(Path("metrics/bootstrap.json"), metrics)
+    write_json(Path("metrics/eval/000.json"), {**accuracy, "policy_version": "000"})
+    print(f"bootstrap: {metrics['parameters']} parameters, held-out accuracy {accuracy['heldout_accuracy']:.3f}")

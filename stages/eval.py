@@ -1,0 +1,25 @@
+"""eval ITER: greedy accuracy of checkpoints/ITER on the fixed held-out set -> metrics/eval/ITER.json."""
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+from transformers import AutoTokenizer
+
+from burstrl import engine
+from burstrl.evaluate import heldout_accuracy
+from burstrl.policy import read_metadata
+from burstrl.stage import parse, stage, write_json
+
+if __name__ == "__main__":
+    args, cfg = parse(__doc__, "iteration")
+    metrics: dict = {}
+    with stage("eval", metrics):
+        policy = Path("checkpoints") / args.iteration
+        meta = read_metadata(policy)
+        tokenizer = AutoTokenizer.from_pretrained(policy)
+        heldout = pq.read_table("data/task/heldout.parquet")
+        with engine.running(policy, cfg.hardware, cfg.model.max_len, cfg.seed) as llm:
+            metrics.update(heldout_accuracy(llm, tokenizer, heldout, cfg.eval.max_tokens))
+        metrics["policy_version"] = meta["policy_version"]
+    write_json(Path(f"metrics/eval/{args.iteration}.json"), metrics)
+    print(f"eval {args.iteration}: held-out accuracy {metrics['heldout_accuracy']:.3f}")
