@@ -49,7 +49,7 @@ class BootstrapConfig:
 
 
 @dataclass
-class HardwareConfig:
+class InferenceConfig:
     dtype: str = "float32"
     """Weights and activations in vLLM ("float16" on gfx906, which has no bf16; "bfloat16" on NVIDIA)."""
     gpu_memory_utilization: float = 0.1
@@ -58,10 +58,6 @@ class HardwareConfig:
     """Skip CUDA-graph capture and compilation: faster start, what small models and the gfx906 fork want."""
     max_num_seqs: int = 256
     """vLLM's cap on sequences batched together."""
-    train_device: str = "cpu"
-    """Where the train stage runs its backward pass ("cpu", "cuda")."""
-    train_bf16: bool = False
-    """Train in bf16 mixed precision (an H200 yes, a CPU no)."""
 
 
 @dataclass
@@ -104,6 +100,10 @@ class TrainConfig:
     """PPO clip range."""
     max_grad_norm: float = 1.0
     """Gradient clipping."""
+    device: str = "cpu"
+    """Where the backward pass runs ("cpu", "cuda")."""
+    bf16: bool = False
+    """bf16 mixed precision (an H200 yes, a CPU no)."""
 
 
 @dataclass
@@ -127,7 +127,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     bootstrap: BootstrapConfig = field(default_factory=BootstrapConfig)
-    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     score: ScoreConfig = field(default_factory=ScoreConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

@@ -84,7 +84,8 @@ def _check_logprobs(path, table, name):
 
 def _check_groups(path, table):
     groups: dict[int, list[tuple[int, int]]] = {}
-    for row, (pid, idx) in enumerate(zip(table["prompt_id"].to_pylist(), table["sample_index"].to_pylist())):
+    pairs = zip(table["prompt_id"].to_pylist(), table["sample_index"].to_pylist(), strict=True)
+    for row, (pid, idx) in enumerate(pairs):
         groups.setdefault(pid, []).append((idx, row))
     for pid, members in groups.items():
         indices = sorted(i for i, _ in members)

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from burstrl.config import HardwareConfig
+from burstrl.config import InferenceConfig
 
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -24,19 +24,19 @@ class Sample:
 
 
 @contextmanager
-def running(policy_dir: Path, hw: HardwareConfig, max_len: int, seed: int):
+def running(policy_dir: Path, inf: InferenceConfig, max_len: int, seed: int):
     """A vLLM engine for `policy_dir`, shut down on exit: left to interpreter teardown, its worker
     processes can abort the stage after its outputs are written."""
     from vllm import LLM
 
     llm = LLM(
         model=str(policy_dir),
-        dtype=hw.dtype,
+        dtype=inf.dtype,
         seed=seed,
-        gpu_memory_utilization=hw.gpu_memory_utilization,
-        enforce_eager=hw.enforce_eager,
+        gpu_memory_utilization=inf.gpu_memory_utilization,
+        enforce_eager=inf.enforce_eager,
         max_model_len=max_len,
-        max_num_seqs=hw.max_num_seqs,
+        max_num_seqs=inf.max_num_seqs,
         # Logprobs after temperature scaling: the distribution the sampler actually drew from.
         logprobs_mode="processed_logprobs",
     )

@@ -18,10 +18,10 @@ REQUIRED_FILES = ("config.json", "tokenizer_config.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
 
-def file_hashes(directory: Path) -> dict[str, str]:
-    """sha256 of every file under `directory` except the metadata, keyed by relative path."""
+def file_hashes(directory: Path, skip: tuple[str, ...] = (METADATA,)) -> dict[str, str]:
+    """sha256 of every file under `directory` but those named in `skip`, keyed by relative path."""
     hashes = {}
-    for path in sorted(p for p in directory.rglob("*") if p.is_file() and p.name != METADATA):
+    for path in sorted(p for p in directory.rglob("*") if p.is_file() and p.name not in skip):
         digest = hashlib.sha256()
         with path.open("rb") as handle:
             for chunk in iter(lambda: handle.read(1 << 20), b""):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from burstrl.config import Config, load_config
 from burstrl.contract import ContractError
+from burstrl.sync import SyncError
 
 
 def write_json(path: Path, data: dict) -> None:
@@ -29,11 +30,11 @@ def parse(description: str, *names: str) -> tuple[argparse.Namespace, Config]:
 
 @contextmanager
 def stage(name: str, metrics: dict):
-    """Time the stage into metrics['seconds'] and turn contract errors into one clear line and exit 1."""
+    """Time the stage into metrics['seconds']; bad input or config becomes one clear line and exit status 1."""
     start = time.monotonic()
     try:
         yield
-    except (ContractError, ValueError) as err:
+    except (ContractError, SyncError, ValueError) as err:
         print(f"{name}: error: {err}", file=sys.stderr)
         sys.exit(1)
     metrics["seconds"] = round(time.monotonic() - start, 2)

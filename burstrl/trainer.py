@@ -70,7 +70,7 @@ class RolloutGRPOTrainer(GRPOTrainer):
 
 
 def grpo_config(*, output_dir: str, rollouts: int, train, temperature: float, max_completion_length: int,
-                num_generations: int, hardware, seed: int) -> GRPOConfig:
+                num_generations: int, seed: int) -> GRPOConfig:
     steps_per_generation = rollouts // train.batch_size
     return GRPOConfig(
         output_dir=output_dir,
@@ -89,8 +89,8 @@ def grpo_config(*, output_dir: str, rollouts: int, train, temperature: float, ma
         epsilon=train.epsilon,
         max_grad_norm=train.max_grad_norm,
         seed=seed,
-        bf16=hardware.train_bf16,
-        use_cpu=hardware.train_device == "cpu",
+        bf16=train.bf16,
+        use_cpu=train.device == "cpu",
         remove_unused_columns=False,
         logging_steps=1,
         save_strategy="no",

@@ -43,7 +43,7 @@ if __name__ == "__main__":
         metrics["parameters"] = sum(p.numel() for p in model.parameters())
 
         heldout = pq.read_table("data/task/heldout.parquet")
-        with engine.running(OUT, cfg.hardware, cfg.model.max_len, cfg.seed) as llm:
+        with engine.running(OUT, cfg.inference, cfg.model.max_len, cfg.seed) as llm:
             accuracy = heldout_accuracy(llm, tokenizer, heldout, cfg.eval.max_tokens)
     write_json(Path("metrics/bootstrap.json"), metrics)
     write_json(Path("metrics/eval/000.json"), {**accuracy, "policy_version": "000"})

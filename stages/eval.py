@@ -18,7 +18,7 @@ if __name__ == "__main__":
         meta = read_metadata(policy)
         tokenizer = AutoTokenizer.from_pretrained(policy)
         heldout = pq.read_table("data/task/heldout.parquet")
-        with engine.running(policy, cfg.hardware, cfg.model.max_len, cfg.seed) as llm:
+        with engine.running(policy, cfg.inference, cfg.model.max_len, cfg.seed) as llm:
             metrics.update(heldout_accuracy(llm, tokenizer, heldout, cfg.eval.max_tokens))
         metrics["policy_version"] = meta["policy_version"]
     write_json(Path(f"metrics/eval/{args.iteration}.json"), metrics)

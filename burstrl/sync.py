@@ -1,0 +1,99 @@
+"""Ship a checkpoint to an inference host with rsync and publish it atomically.
+
+Layout at each target: `<base>/<version>/` holds the model and `<base>/current` is a symlink to the
+newest version. A transfer lands in `<base>/.incoming/<version>/`, is verified file by file against the
+sha256 sums of the source, then renamed into place, and only then is `current` swapped (a symlink rename,
+atomic on POSIX). A reader that follows `current` therefore always sees a complete model.
+
+A target is a local directory or `[user@]host:path` (rsync's rule: a colon before the first slash).
+Remote steps run through the same shell snippets over SSH; the SSH command comes from RSYNC_RSH in the
+environment when set, else from params, so keys and passwords never enter params or logs.
+"""
+
+import os
+import shlex
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from burstrl.policy import file_hashes
+
+
+class SyncError(RuntimeError):
+    pass
+
+
+@dataclass
+class Target:
+    host: str | None
+    base: str
+
+    @classmethod
+    def parse(cls, spec: str) -> "Target":
+        head, sep, tail = spec.partition(":")
+        if sep and "/" not in head and head:
+            return cls(host=head, base=tail)
+        return cls(host=None, base=spec)
+
+    def rsync_dest(self, path: str) -> str:
+        return f"{self.host}:{path}" if self.host else path
+
+
+def ssh_command(configured: str) -> str:
+    return os.environ.get("RSYNC_RSH") or configured
+
+
+def _shell(target: Target, script: str, ssh: str) -> str:
+    argv = [*shlex.split(ssh), target.host, script] if target.host else ["sh", "-c", script]
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode != 0:
+        where = target.host or "localhost"
+        raise SyncError(f"on {where}: `{script}` failed ({done.returncode}): {done.stderr.strip()}")
+    return done.stdout
+
+
+def remote_hashes(target: Target, directory: str, ssh: str) -> dict[str, str]:
+    out = _shell(target, f"cd {shlex.quote(directory)} && find . -type f -exec sha256sum {{}} +", ssh)
+    hashes = {}
+    for line in out.splitlines():
+        digest, _, name = line.partition("  ")
+        hashes[name.removeprefix("./")] = digest
+    return hashes
+
+
+def sync_checkpoint(src: Path, version: str, spec: str, ssh_configured: str) -> dict:
+    """Transfer, verify and publish `src` as `<version>` at one target; returns the target's receipt entry."""
+    target = Target.parse(spec)
+    ssh = ssh_command(ssh_configured)
+    base = target.base.rstrip("/") or "/"
+    incoming = f"{base}/.incoming/{version}"
+    start = time.monotonic()
+    _shell(target, f"mkdir -p {shlex.quote(incoming)}", ssh)
+    rsync = ["rsync", "-a", "--delete", "-e", ssh, f"{src}/", target.rsync_dest(f"{incoming}/")]
+    done = subprocess.run(rsync, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SyncError(f"rsync to {spec} failed ({done.returncode}): {done.stderr.strip()}")
+
+    expected = file_hashes(src, skip=())
+    got = remote_hashes(target, incoming, ssh)
+    if got != expected:
+        bad = sorted(k for k in expected.keys() | got.keys() if expected.get(k) != got.get(k))
+        raise SyncError(f"{spec}: checksum mismatch after transfer for {', '.join(bad)}; nothing was published")
+
+    q = shlex.quote
+    final, current = f"{base}/{version}", f"{base}/current"
+    _shell(target, (
+        f"rm -rf {q(final)}.old && {{ [ ! -e {q(final)} ] || mv {q(final)} {q(final)}.old; }} && "
+        f"mv {q(incoming)} {q(final)} && ln -sfn {q(version)} {q(base)}/.current.tmp && "
+        f"mv -T {q(base)}/.current.tmp {q(current)} && rm -rf {q(final)}.old"
+    ), ssh)
+    return {
+        "target": spec,
+        "path": final,
+        "files": len(expected),
+        "bytes": sum(p.stat().st_size for p in src.rglob("*") if p.is_file()),
+        "verified_sha256": True,
+        "seconds": round(time.monotonic() - start, 2),
+    }
+

@@ -1,0 +1,74 @@
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from burstrl.contract import ROLLOUT_FIELDS, SCORED_FIELDS
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def rollout_rows(groups: int = 2, size: int = 2) -> list[dict]:
+    rows = []
+    for pid in range(groups):
+        for k in range(size):
+            rows.append({
+                "prompt_id": pid, "sample_index": k, "prompt": f"{pid}+1=", "prompt_ids": [1, 4 + pid, 13, 5, 16],
+                "completion": str(pid + 1), "completion_ids": [5 + pid, 2], "sampler_logprobs": [-0.5, -0.25],
+                "finish_reason": "stop", "policy_version": "000", "policy_hash": "abc", "temperature": 1.0,
+                "top_p": 1.0, "seed": 11, "answer": str(pid + 1),
+                "rewards": [float(k)], "reward": float(k), "advantage": float(k) - 0.5, "ref_logprobs": [-0.4, -0.3],
+            })
+    return rows
+
+
+def as_table(rows: list[dict], fields=ROLLOUT_FIELDS) -> pa.Table:
+    names = [f.name for f in fields] + ["answer"]
+    schema = pa.schema(fields + [pa.field("answer", pa.string())])
+    return pa.Table.from_pylist([{k: r[k] for k in names} for r in rows], schema=schema)
+
+
+@pytest.fixture
+def scored_fields():
+    return SCORED_FIELDS
+
+
+@pytest.fixture(scope="session")
+def ssh_server(tmp_path_factory):
+    """A real sshd on 127.0.0.1 for this test session; yields the RSYNC_RSH command that reaches it."""
+    sshd = shutil.which("sshd") or "/usr/sbin/sshd"
+    if not Path(sshd).exists():
+        pytest.fail("sshd is not installed: `make system` (Debian: apt-get install openssh-server)")
+    home = tmp_path_factory.mktemp("sshd")
+    for name in ("host_key", "client_key"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(home / name)], check=True)
+    (home / "authorized_keys").write_text((home / "client_key.pub").read_text())
+    os.chmod(home / "authorized_keys", 0o600)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (home / "sshd_config").write_text(
+        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {home / 'host_key'}\n"
+        f"AuthorizedKeysFile {home / 'authorized_keys'}\nPidFile {home / 'sshd.pid'}\n"
+        "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n"
+        "StrictModes no\nUsePAM no\n"
+    )
+    Path("/run/sshd").mkdir(exist_ok=True)
+    proc = subprocess.Popen([sshd, "-D", "-e", "-f", str(home / "sshd_config")], stderr=subprocess.PIPE)
+    rsh = (f"ssh -p {port} -i {home / 'client_key'} -o BatchMode=yes -o StrictHostKeyChecking=no "
+           f"-o UserKnownHostsFile=/dev/null -o LogLevel=ERROR")
+    user = os.environ.get("USER") or subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
+    deadline = time.monotonic() + 20
+    while subprocess.run([*rsh.split(), f"{user}@127.0.0.1", "true"], capture_output=True).returncode != 0:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"sshd did not come up: {proc.stderr.read().decode() if proc.stderr else ''}")
+        time.sleep(0.2)
+    yield {"rsh": rsh, "user": user}
+    proc.terminate()
+    proc.wait(timeout=10)

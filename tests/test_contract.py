@@ -1,0 +1,89 @@
+"""The stage data contract: good files read back, each kind of bad file is named precisely and left in place."""
+
+import math
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import as_table, rollout_rows
+
+from burstrl.contract import ROLLOUT_FIELDS, SCORED_FIELDS, ContractError, read_rollouts, read_scored, write_table
+
+
+def write(tmp_path, rows, fields=ROLLOUT_FIELDS, name="r.parquet"):
+    path = tmp_path / name
+    write_table(as_table(rows, fields), fields, path)
+    return path
+
+
+def test_valid_files_round_trip(tmp_path):
+    rows = rollout_rows()
+    assert read_rollouts(write(tmp_path, rows)).num_rows == 4
+    scored = read_scored(write(tmp_path, rows, SCORED_FIELDS, "s.parquet"))
+    assert scored["advantage"].to_pylist() == [-0.5, 0.5, -0.5, 0.5]
+    assert scored["answer"].to_pylist() == ["1", "1", "2", "2"]
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_missing_column_names_file_and_field(tmp_path):
+    path = tmp_path / "r.parquet"
+    pq.write_table(as_table(rollout_rows()).drop_columns(["sampler_logprobs"]), path)
+    with pytest.raises(ContractError, match=r"r\.parquet: schema: field 'sampler_logprobs': column is missing"):
+        read_rollouts(path)
+    assert path.exists()
+
+
+def test_wrong_dtype_is_named(tmp_path):
+    path = tmp_path / "r.parquet"
+    table = as_table(rollout_rows())
+    table = table.set_column(table.schema.get_field_index("seed"), "seed", pa.array(["x"] * 4))
+    pq.write_table(table, path)
+    with pytest.raises(ContractError, match="field 'seed': dtype is string, expected int64"):
+        read_rollouts(path)
+
+
+def test_unequal_per_token_lengths_name_the_row(tmp_path):
+    rows = rollout_rows()
+    rows[3]["sampler_logprobs"] = [-0.5]
+    path = write(tmp_path, rows)
+    with pytest.raises(ContractError, match=r"row 3 \(prompt_id=1, sample_index=1\): field 'sampler_logprobs': "
+                                            r"has 1 values for 2 completion tokens"):
+        read_rollouts(path)
+
+
+def test_nan_and_positive_logprobs_are_rejected(tmp_path):
+    rows = rollout_rows()
+    rows[1]["ref_logprobs"] = [math.nan, -0.1]
+    with pytest.raises(ContractError, match="row 1 .* field 'ref_logprobs': holds nan"):
+        read_scored(write(tmp_path, rows, SCORED_FIELDS))
+    rows = rollout_rows()
+    rows[0]["sampler_logprobs"] = [0.5, -0.1]
+    with pytest.raises(ContractError, match="row 0 .* field 'sampler_logprobs': holds 0.5"):
+        read_rollouts(write(tmp_path, rows))
+
+
+def test_group_with_one_completion_is_rejected(tmp_path):
+    rows = rollout_rows()[:3]
+    with pytest.raises(ContractError, match="row 2 .* field 'prompt_id': group 1 has 1 completion; GRPO needs >= 2"):
+        read_rollouts(write(tmp_path, rows))
+
+
+def test_gap_in_sample_index_is_rejected(tmp_path):
+    rows = rollout_rows()
+    rows[1]["sample_index"] = 5
+    with pytest.raises(ContractError, match=r"field 'sample_index': group 0 has indices \[0, 5\]"):
+        read_rollouts(write(tmp_path, rows))
+
+
+def test_truncated_file_is_reported_not_crashed(tmp_path):
+    path = write(tmp_path, rollout_rows())
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(ContractError, match="not a readable Parquet file"):
+        read_rollouts(path)
+
+
+def test_non_finite_reward_is_rejected(tmp_path):
+    rows = rollout_rows()
+    rows[2]["advantage"] = math.inf
+    with pytest.raises(ContractError, match="row 2 .* field 'advantage': is inf"):
+        read_scored(write(tmp_path, rows, SCORED_FIELDS))

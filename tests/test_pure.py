@@ -1,0 +1,83 @@
+"""Pure functions, checked against values computed by hand."""
+
+import math
+
+import pytest
+
+from burstrl.advantages import group_advantages
+from burstrl.iterations import with_next
+from burstrl.rewards import exact_match, resolve, weighted_total
+from burstrl.task import addition_problems, draw_prompts
+from burstrl.tinymodel import build_tokenizer
+
+
+def test_group_advantages_scaled_matches_hand_computation():
+    # group 7: rewards 1,0,0,0 -> mean 0.25, Bessel std sqrt((0.5625 + 3 * 0.0625) / 3) = 0.5
+    # group 9: all equal -> zero advantage, no division blow-up
+    adv = group_advantages([1, 0, 0, 0, 2, 2], [7, 7, 7, 7, 9, 9], scale=True)
+    assert adv[0] == pytest.approx(0.75 / 0.5001)
+    assert adv[1:4] == pytest.approx([-0.25 / 0.5001] * 3)
+    assert adv[4:] == [0.0, 0.0]
+
+
+def test_group_advantages_unscaled_is_centred_reward():
+    assert group_advantages([3, 1, 0, 0], [1, 1, 2, 2], scale=False) == [1.0, -1.0, 0.0, 0.0]
+
+
+def test_exact_match_strips_whitespace():
+    assert exact_match(["1+1="] * 3, ["2", " 2 ", "3"], None, answer=["2", "2", "2"]) == [1.0, 1.0, 0.0]
+
+
+def test_weighted_total_skips_none_like_trl():
+    totals = weighted_total([[1.0, None, None], [0.5, 0.25, None]], [2.0, 4.0])
+    assert totals[:2] == [2.0 + 2.0, 1.0]
+    assert math.isnan(totals[2])
+
+
+def test_resolve_known_and_unknown_names():
+    assert resolve("burstrl.rewards.exact_match") is exact_match
+    with pytest.raises(ValueError, match="unknown reward function 'burstrl.rewards.nope'"):
+        resolve("burstrl.rewards.nope")
+    with pytest.raises(ValueError, match="cannot import module of 'nosuchpkg.f'"):
+        resolve("nosuchpkg.f")
+
+
+def test_trl_reward_functions_resolve():
+    assert callable(resolve("trl.rewards.accuracy_reward"))
+
+
+def test_addition_split_is_fixed_and_disjoint():
+    train, heldout = addition_problems(seed=3, heldout_size=50)
+    again, heldout_again = addition_problems(seed=3, heldout_size=50)
+    assert len(train) + len(heldout) == 100 * 100
+    assert heldout.to_pylist() == heldout_again.to_pylist() and train.equals(again)
+    assert not set(train["prompt"].to_pylist()) & set(heldout["prompt"].to_pylist())
+    row = heldout.to_pylist()[0]
+    a, b = row["prompt"].rstrip("=").split("+")
+    assert row["answer"] == str(int(a) + int(b))
+    assert sorted(train["prompt_id"].to_pylist() + heldout["prompt_id"].to_pylist()) == list(range(10000))
+
+
+def test_draw_prompts_is_seeded_per_iteration_without_replacement():
+    train, _ = addition_problems(seed=0, heldout_size=10)
+    first = draw_prompts(train, 32, seed=0, iteration=1)["prompt_id"].to_pylist()
+    assert first == draw_prompts(train, 32, seed=0, iteration=1)["prompt_id"].to_pylist()
+    assert len(set(first)) == 32
+    assert first != draw_prompts(train, 32, seed=0, iteration=2)["prompt_id"].to_pylist()
+    with pytest.raises(ValueError, match="exceeds"):
+        draw_prompts(train, len(train) + 1, seed=0, iteration=1)
+
+
+def test_next_iteration_chains_from_newest():
+    assert with_next({}) == {"001": "000"}
+    assert with_next({"001": "000", "002": "001"}) == {"001": "000", "002": "001", "003": "002"}
+    assert with_next({"009": "008"})["010"] == "009"
+
+
+def test_tokenizer_is_character_level_and_round_trips():
+    tok = build_tokenizer()
+    ids = tok("12+34=")["input_ids"]
+    assert ids[0] == tok.bos_token_id and len(ids) == 7
+    assert tok.decode(ids[1:]) == "12+34="
+    answer = tok("46", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    assert tok.decode(answer, skip_special_tokens=True) == "46"
