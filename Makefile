@@ -23,7 +23,7 @@ setup: $(VENV)/.installed-$(EXTRA)
 
 # rsync and an SSH server (sync stage, its tests); installed when root and missing.
 system:
-	@if ! command -v rsync >/dev/null || ! command -v sshd >/dev/null && [ ! -x /usr/sbin/sshd ]; then \
+	@if ! command -v rsync >/dev/null || ! command -v ssh-keygen >/dev/null || [ ! -x /usr/sbin/sshd ]; then \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq rsync openssh-server openssh-client; \
 	  else echo "install rsync and openssh-server (Debian: apt-get install rsync openssh-server)"; exit 1; fi; fi
 

@@ -14,6 +14,17 @@ def exact_match(prompts, completions, completion_ids, answer, **kwargs) -> list[
     return [1.0 if c.strip() == a.strip() else 0.0 for c, a in zip(completions, answer, strict=True)]
 
 
+def digit_match(prompts, completions, completion_ids, answer, **kwargs) -> list[float]:
+    """Partial credit: the share of answer characters matched position by position, right-aligned as digits
+    of a number are, over the longer of the two strings (so extra characters cost as much as missing ones)."""
+    scores = []
+    for completion, expected in zip(completions, answer, strict=True):
+        got, want = completion.strip()[::-1], expected.strip()[::-1]
+        hits = sum(g == w for g, w in zip(got, want, strict=False))
+        scores.append(hits / max(len(got), len(want), 1))
+    return scores
+
+
 def resolve(name: str):
     """Import `package.module.function`; a bad name raises a ValueError that says which and why."""
     module_name, _, attr = name.rpartition(".")

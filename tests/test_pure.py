@@ -6,7 +6,7 @@ import pytest
 
 from burstrl.advantages import group_advantages
 from burstrl.iterations import with_next
-from burstrl.rewards import exact_match, resolve, weighted_total
+from burstrl.rewards import digit_match, exact_match, resolve, weighted_total
 from burstrl.task import addition_problems, draw_prompts
 from burstrl.tinymodel import build_tokenizer
 
@@ -81,3 +81,8 @@ def test_tokenizer_is_character_level_and_round_trips():
     assert tok.decode(ids[1:]) == "12+34="
     answer = tok("46", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     assert tok.decode(answer, skip_special_tokens=True) == "46"
+
+
+def test_digit_match_gives_right_aligned_partial_credit():
+    got = digit_match(None, ["46", "47", "146", "6", "", "64"], None, answer=["46"] * 6)
+    assert got == [1.0, 0.5, 2 / 3, 0.5, 0.0, 0.0]

@@ -1,0 +1,35 @@
+"""params.yaml is what Hydra composes from conf/, and the typed config accepts it and rejects bad values."""
+
+import pytest
+import yaml
+from conftest import REPO
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from burstrl.config import load_config
+
+
+def test_params_yaml_equals_hydra_composition_of_conf():
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+        composed = OmegaConf.to_container(compose(config_name="config"))
+    assert composed == yaml.safe_load((REPO / "params.yaml").read_text())
+
+
+def test_params_yaml_loads_into_typed_config():
+    cfg = load_config(REPO / "params.yaml")
+    assert cfg.rollouts_per_iteration == cfg.generate.prompts_per_iteration * cfg.generate.num_generations
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"train": {"batch_size": 7}}, "train.batch_size=7 must divide the rollout batch"),
+    ({"generate": {"num_generations": 1}}, "num_generations must be >= 2"),
+    ({"score": {"reward_weights": [1.0]}}, "same length"),
+    ({"train": {"nonsense": 1}}, "nonsense"),
+])
+def test_bad_params_are_named(tmp_path, change, message):
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    for section, values in change.items():
+        params[section].update(values)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    with pytest.raises(Exception, match=message):
+        load_config(tmp_path / "params.yaml")
