@@ -40,7 +40,7 @@ class TaskConfig:
 
 @dataclass
 class BootstrapConfig:
-    sft_steps: int = 550
+    sft_steps: int = 520
     """Supervised steps on the embedded task: enough to be sometimes right, far from mastery."""
     batch_size: int = 64
     """Pairs per supervised step."""
@@ -62,7 +62,7 @@ class InferenceConfig:
 
 @dataclass
 class GenerateConfig:
-    prompts_per_iteration: int = 64
+    prompts_per_iteration: int = 256
     """Prompts drawn (seeded by iteration) from the train split for each rollout batch."""
     num_generations: int = 8
     """Completions per prompt: the GRPO group size G."""
@@ -76,9 +76,11 @@ class GenerateConfig:
 
 @dataclass
 class ScoreConfig:
-    reward_funcs: list[str] = field(default_factory=lambda: ["burstrl.rewards.exact_match"])
+    reward_funcs: list[str] = field(
+        default_factory=lambda: ["burstrl.rewards.exact_match", "burstrl.rewards.digit_match"]
+    )
     """Dotted names of reward functions with TRL's signature fn(prompts, completions, completion_ids, **columns)."""
-    reward_weights: list[float] = field(default_factory=lambda: [1.0])
+    reward_weights: list[float] = field(default_factory=lambda: [1.0, 1.0])
     """Weight of each reward function in the total reward."""
     scale_rewards: bool = True
     """Divide group-centred rewards by the group's std (GRPO) or not (Dr. GRPO)."""
@@ -88,11 +90,11 @@ class ScoreConfig:
 class TrainConfig:
     learning_rate: float = 1e-4
     """AdamW learning rate."""
-    batch_size: int = 64
+    batch_size: int = 256
     """Completions per optimizer step; must divide the rollout batch."""
     epochs: int = 1
     """Optimizer passes over one rollout batch (TRL's num_iterations)."""
-    beta: float = 0.04
+    beta: float = 0.02
     """KL coefficient against the precomputed reference logprobs (TRL's k3 estimator)."""
     loss_type: str = "dapo"
     """TRL loss aggregation: grpo, bnpo, dr_grpo or dapo."""

@@ -6,7 +6,7 @@ from conftest import REPO
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from burstrl.config import load_config
+from burstrl.config import Config, load_config
 
 
 def test_params_yaml_equals_hydra_composition_of_conf():
@@ -33,3 +33,7 @@ def test_bad_params_are_named(tmp_path, change, message):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     with pytest.raises(Exception, match=message):
         load_config(tmp_path / "params.yaml")
+
+
+def test_typed_defaults_equal_params_yaml():
+    assert load_config(REPO / "params.yaml") == Config()
