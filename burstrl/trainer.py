@@ -13,6 +13,9 @@ Departures from TRL's colocated loop, all forced by the decoupled pipeline:
     when more than one optimizer step uses it, as TRL does; the sampler's own logprobs are carried along.
 """
 
+from pathlib import Path
+
+import pyarrow as pa
 import torch
 from torch.utils.data import SequentialSampler
 from trl import GRPOConfig, GRPOTrainer
@@ -67,6 +70,23 @@ class RolloutGRPOTrainer(GRPOTrainer):
                     batch_size=self.args.per_device_train_batch_size,
                 )
         return batch
+
+
+def check_batch(source: Path, table: pa.Table, *, parent_version: str, beta: float, expected_rows: int) -> float:
+    """Refuse a rollout batch this update cannot use as is; returns its sampling temperature."""
+    others = sorted({v for v in table["policy_version"].to_pylist() if v != parent_version})
+    if others:
+        raise ValueError(f"{source}: field 'policy_version': rollouts from {others}, "
+                         f"but training starts from policy {parent_version}")
+    temperatures = sorted(set(table["temperature"].to_pylist()))
+    if len(temperatures) != 1:
+        raise ValueError(f"{source}: field 'temperature': one batch must share one temperature, got {temperatures}")
+    if beta and temperatures != [1.0]:
+        raise ValueError(f"{source}: field 'temperature': the KL term needs rollouts sampled at 1.0 "
+                         f"(reference logprobs are at 1.0), got {temperatures[0]}")
+    if len(table) != expected_rows:
+        raise ValueError(f"{source}: has {len(table)} rows, params expect {expected_rows}")
+    return temperatures[0]
 
 
 def grpo_config(*, output_dir: str, rollouts: int, train, temperature: float, max_completion_length: int,

@@ -39,7 +39,7 @@ if __name__ == "__main__":
             metrics["sft_final_loss"] = round(sum(losses[-20:]) / len(losses[-20:]), 4)
         tmp = staging_dir(OUT)
         save_policy(model, tokenizer, tmp)
-        meta = publish_policy(tmp, OUT, version="000", parent=None, iteration=0)
+        publish_policy(tmp, OUT, version="000", parent=None, iteration=0)
         metrics["parameters"] = sum(p.numel() for p in model.parameters())
 
         heldout = pq.read_table("data/task/heldout.parquet")

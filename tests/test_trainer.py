@@ -1,5 +1,7 @@
 """The TRL hook: scored rows become the tensors TRL's GRPO loss expects, and an update moves the right way."""
 
+from pathlib import Path
+
 import datasets
 import pyarrow as pa
 import pytest
@@ -9,7 +11,7 @@ from conftest import as_table, rollout_rows
 from burstrl.config import TrainConfig
 from burstrl.contract import SCORED_FIELDS
 from burstrl.tinymodel import build_model, build_tokenizer
-from burstrl.trainer import RolloutGRPOTrainer, grpo_config
+from burstrl.trainer import RolloutGRPOTrainer, check_batch, grpo_config
 
 
 def make_trainer(tmp_path, table, **train):
@@ -69,3 +71,17 @@ def test_table_with_lists_round_trips_through_datasets():
     table = as_table(rollout_rows(), SCORED_FIELDS)
     assert datasets.Dataset(table)[0]["ref_logprobs"] == pytest.approx([-0.4, -0.3])
     assert isinstance(table.schema.field("rewards").type, pa.ListType)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"policy_version": "007"}, r"rollouts from \['007'\], but training starts from policy 000"),
+    ({"temperature": 0.7}, "the KL term needs rollouts sampled at 1.0"),
+])
+def test_check_batch_refuses_what_the_update_cannot_use(change, message):
+    rows = rollout_rows()
+    for row in rows:
+        row.update(change)
+    with pytest.raises(ValueError, match=message):
+        check_batch(Path("s.parquet"), as_table(rows, SCORED_FIELDS), parent_version="000", beta=0.02, expected_rows=4)
+    assert check_batch(Path("s.parquet"), as_table(rollout_rows(), SCORED_FIELDS), parent_version="000", beta=0.02,
+                       expected_rows=4) == 1.0
