@@ -6,6 +6,7 @@ export DVC_NO_ANALYTICS := 1
 export HF_HUB_OFFLINE := 1
 export VLLM_NO_USAGE_STATS := 1
 export TOKENIZERS_PARALLELISM := false
+export VLLM_LOGGING_LEVEL := WARNING
 EXTRA ?= cpu
 
 .PHONY: setup system demo repro iterate report lint test test-fast clean
