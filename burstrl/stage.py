@@ -7,6 +7,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from omegaconf.errors import OmegaConfBaseException
+
 from burstrl.config import Config, load_config
 from burstrl.contract import ContractError
 from burstrl.sync import SyncError
@@ -25,7 +27,11 @@ def parse(description: str, *names: str) -> tuple[argparse.Namespace, Config]:
         parser.add_argument(name)
     parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
     args = parser.parse_args()
-    return args, load_config(args.params)
+    try:
+        return args, load_config(args.params)
+    except (ValueError, OmegaConfBaseException) as err:
+        print(f"{parser.prog}: error: {err}", file=sys.stderr)
+        sys.exit(1)
 
 
 @contextmanager

@@ -115,11 +115,20 @@ def test_train_param_change_reruns_train_and_dependents_only(ws):
     assert ran_stages(out) == ["eval@001", "sync@001", "train@001"]
 
 
+def test_adding_an_iteration_runs_exactly_that_iteration(ws):
+    root, env = ws
+    run(["python", "-m", "burstrl.iterations", "add"], root, env)
+    out = run(["dvc", "repro"], root, env).stdout
+    assert ran_stages(out) == ["eval@002", "generate@002", "score@002", "sync@002", "train@002"]
+    assert json.loads((root / "checkpoints/002/burstrl.json").read_text())["parent_version"] == "001"
+
+
 def stage_fails(root, env, cmd, message, keep):
     before = {p: p.read_bytes() for p in keep}
     done = run(["python", *cmd], root, env, check=False)
     assert done.returncode == 1, done.stderr[-2000:]
     assert message in done.stderr
+    assert "Traceback" not in done.stderr
     assert {p: p.read_bytes() for p in keep} == before
 
 
@@ -156,9 +165,19 @@ def test_unknown_reward_function_stops_score(ws, tmp_path):
     root, env = ws
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["score"]["reward_funcs"] = ["burstrl.rewards.no_such_reward"]
+    params["score"]["reward_weights"] = [1.0]
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(params))
     stage_fails(root, env, ["stages/score.py", "001", "--params", str(tmp_path / "p.yaml")],
                 "unknown reward function 'burstrl.rewards.no_such_reward'", [root / "data/scored/001.parquet"])
+
+
+def test_bad_params_stop_a_stage_with_one_line(ws, tmp_path):
+    root, env = ws
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["train"]["batch_size"] = 7
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(params))
+    stage_fails(root, env, ["stages/train.py", "001", "000", "--params", str(tmp_path / "p.yaml")],
+                "train.py: error: " + str(tmp_path / "p.yaml") + ": train.batch_size=7 must divide", [])
 
 
 def test_policy_without_tokenizer_stops_generate(ws):

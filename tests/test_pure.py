@@ -5,7 +5,7 @@ import math
 import pytest
 
 from burstrl.advantages import group_advantages
-from burstrl.iterations import with_next
+from burstrl.iterations import load, save, with_next
 from burstrl.rewards import digit_match, exact_match, resolve, weighted_total
 from burstrl.task import addition_problems, draw_prompts
 from burstrl.tinymodel import build_tokenizer
@@ -86,3 +86,10 @@ def test_tokenizer_is_character_level_and_round_trips():
 def test_digit_match_gives_right_aligned_partial_credit():
     got = digit_match(None, ["46", "47", "146", "6", "", "64"], None, answer=["46"] * 6)
     assert got == [1.0, 0.5, 2 / 3, 0.5, 0.0, 0.0]
+
+
+def test_iterations_file_round_trips(tmp_path):
+    path = tmp_path / "iterations.yaml"
+    save({"002": "001", "001": "000"}, path)
+    assert load(path) == {"001": "000", "002": "001"}
+    assert path.read_text().splitlines()[-2:] == ['  "001": "000"', '  "002": "001"']
