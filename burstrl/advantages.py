@@ -9,6 +9,14 @@ import math
 EPS = 1e-4
 
 
+def zero_variance_groups(rewards: list[float], group_ids: list[int]) -> int:
+    """Groups whose rewards are all equal: they carry no GRPO gradient."""
+    spread: dict[int, set[float]] = {}
+    for reward, gid in zip(rewards, group_ids, strict=True):
+        spread.setdefault(gid, set()).add(reward)
+    return sum(len(values) == 1 for values in spread.values())
+
+
 def group_advantages(rewards: list[float], group_ids: list[int], scale: bool = True) -> list[float]:
     groups: dict[int, list[float]] = {}
     for reward, gid in zip(rewards, group_ids, strict=True):

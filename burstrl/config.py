@@ -82,6 +82,9 @@ class ScoreConfig:
     """Dotted names of reward functions with TRL's signature fn(prompts, completions, completion_ids, **columns)."""
     reward_weights: list[float] = field(default_factory=lambda: [1.0, 1.0])
     """Weight of each reward function in the total reward."""
+    completion_format: str = "standard"
+    """"standard" passes plain text to reward functions; "conversational" wraps prompts and completions as
+    chat messages, the format TRL's built-in `trl.rewards` functions expect."""
     scale_rewards: bool = True
     """Divide group-centred rewards by the group's std (GRPO) or not (Dr. GRPO)."""
 
@@ -153,6 +156,8 @@ def load_config(path: Path | str = "params.yaml") -> Config:
         )
     if cfg.generate.num_generations < 2:
         raise ValueError(f"{path}: generate.num_generations must be >= 2 for group-relative advantages")
+    if cfg.score.completion_format not in ("standard", "conversational"):
+        raise ValueError(f"{path}: score.completion_format must be 'standard' or 'conversational'")
     if len(cfg.score.reward_funcs) != len(cfg.score.reward_weights):
         raise ValueError(f"{path}: score.reward_funcs and score.reward_weights must have the same length")
     return cfg

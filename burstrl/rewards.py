@@ -9,9 +9,14 @@ import importlib
 import math
 
 
+def _text(completion) -> str:
+    """A completion in either TRL format: plain text, or a list of chat messages ending with the reply."""
+    return completion if isinstance(completion, str) else completion[-1]["content"]
+
+
 def exact_match(prompts, completions, completion_ids, answer, **kwargs) -> list[float]:
     """1.0 when the completion, stripped of whitespace, equals the reference answer, else 0.0."""
-    return [1.0 if c.strip() == a.strip() else 0.0 for c, a in zip(completions, answer, strict=True)]
+    return [1.0 if _text(c).strip() == a.strip() else 0.0 for c, a in zip(completions, answer, strict=True)]
 
 
 def digit_match(prompts, completions, completion_ids, answer, **kwargs) -> list[float]:
@@ -19,7 +24,7 @@ def digit_match(prompts, completions, completion_ids, answer, **kwargs) -> list[
     of a number are, over the longer of the two strings (so extra characters cost as much as missing ones)."""
     scores = []
     for completion, expected in zip(completions, answer, strict=True):
-        got, want = completion.strip()[::-1], expected.strip()[::-1]
+        got, want = _text(completion).strip()[::-1], expected.strip()[::-1]
         hits = sum(g == w for g, w in zip(got, want, strict=False))
         scores.append(hits / max(len(got), len(want), 1))
     return scores
@@ -37,6 +42,37 @@ def resolve(name: str):
     if not callable(fn):
         raise ValueError(f"score.reward_funcs: unknown reward function '{name}' (expected module.function)")
     return fn
+
+
+def score_table(names: list[str], weights: list[float], source, table, task_columns: list[str],
+                conversational: bool = False):
+    """Run every reward function over a rollout table; returns (per-function values, weighted totals).
+
+    Functions get `prompts`, `completions`, `completion_ids` and each task column by name, as TRL passes
+    dataset columns; with `conversational`, prompts and completions are one-message chats as in TRL.
+    A function that raises or returns the wrong number of values is named in the error.
+    """
+    funcs = [resolve(name) for name in names]
+    kwargs = {c: table[c].to_pylist() for c in task_columns}
+    prompts, completions = table["prompt"].to_pylist(), table["completion"].to_pylist()
+    if conversational:
+        prompts = [[{"role": "user", "content": p}] for p in prompts]
+        completions = [[{"role": "assistant", "content": c}] for c in completions]
+    completion_ids = table["completion_ids"].to_pylist()
+    per_function = []
+    for name, fn in zip(names, funcs, strict=True):
+        try:
+            values = list(fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **kwargs))
+        except (TypeError, KeyError, AttributeError) as err:
+            raise ValueError(f"{source}: reward function {name} failed on the columns {sorted(kwargs)}: {err}") from err
+        if len(values) != len(prompts):
+            raise ValueError(f"{source}: reward function {name} returned {len(values)} values for {len(prompts)} rows")
+        per_function.append(values)
+    totals = weighted_total(per_function, weights)
+    missing = next((row for row, value in enumerate(totals) if math.isnan(value)), None)
+    if missing is not None:
+        raise ValueError(f"{source}: row {missing}: field 'reward': no reward function returned a value")
+    return per_function, totals
 
 
 def weighted_total(per_function: list[list[float | None]], weights: list[float]) -> list[float]:

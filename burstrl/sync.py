@@ -1,9 +1,11 @@
 """Ship a checkpoint to an inference host with rsync and publish it atomically.
 
-Layout at each target: `<base>/<version>/` holds the model and `<base>/current` is a symlink to the
-newest version. A transfer lands in `<base>/.incoming/<version>/`, is verified file by file against the
-sha256 sums of the source, then renamed into place, and only then is `current` swapped (a symlink rename,
-atomic on POSIX). A reader that follows `current` therefore always sees a complete model.
+Layout at each target: `<base>/<version>-<hash12>/` holds the model (hash12: the first 12 hex digits of
+its content hash) and `<base>/current` is a symlink to the newest version synced. A transfer lands in
+`<base>/.incoming/`, is verified file by file against the sha256 sums of the source, then renamed into
+place, and only then is `current` swapped (a symlink rename, atomic on POSIX). A reader that follows
+`current` therefore always sees a complete model, and re-syncing an older iteration never moves `current`
+back. Directories are never rewritten in place: new content gets a new name.
 
 A target is a local directory or `[user@]host:path` (rsync's rule: a colon before the first slash).
 Remote steps run through the same shell snippets over SSH; the SSH command comes from RSYNC_RSH in the
@@ -62,15 +64,21 @@ def remote_hashes(target: Target, directory: str, ssh: str) -> dict[str, str]:
     return hashes
 
 
-def sync_checkpoint(src: Path, version: str, spec: str, ssh_configured: str) -> dict:
-    """Transfer, verify and publish `src` as `<version>` at one target; returns the target's receipt entry."""
+def sync_checkpoint(src: Path, version: str, content_hash: str, spec: str, ssh_configured: str) -> dict:
+    """Transfer, verify and publish `src` at one target; returns the target's receipt entry."""
     target = Target.parse(spec)
     ssh = ssh_command(ssh_configured)
-    base = target.base.rstrip("/") or "/"
-    incoming = f"{base}/.incoming/{version}"
+    base = target.base.rstrip("/")
+    if not base or base.startswith("~"):
+        raise SyncError(f"sync target '{spec}': give an absolute path, or one relative to the (remote) home "
+                        "without '~'")
+    q = shlex.quote
+    name = f"{version}-{content_hash[:12]}"
+    incoming, final = f"{base}/.incoming/{name}", f"{base}/{name}"
     start = time.monotonic()
-    _shell(target, f"mkdir -p {shlex.quote(incoming)}", ssh)
-    rsync = ["rsync", "-a", "--delete", "-e", ssh, f"{src}/", target.rsync_dest(f"{incoming}/")]
+    _shell(target, f"mkdir -p {q(incoming)}", ssh)
+    # Inference servers may run as another user: publish world-readable whatever the local umask was.
+    rsync = ["rsync", "-a", "--delete", "--chmod=D755,F644", "-e", ssh, f"{src}/", target.rsync_dest(f"{incoming}/")]
     done = subprocess.run(rsync, capture_output=True, text=True)
     if done.returncode != 0:
         raise SyncError(f"rsync to {spec} failed ({done.returncode}): {done.stderr.strip()}")
@@ -81,19 +89,19 @@ def sync_checkpoint(src: Path, version: str, spec: str, ssh_configured: str) -> 
         bad = sorted(k for k in expected.keys() | got.keys() if expected.get(k) != got.get(k))
         raise SyncError(f"{spec}: checksum mismatch after transfer for {', '.join(bad)}; nothing was published")
 
-    q = shlex.quote
-    final, current = f"{base}/{version}", f"{base}/current"
-    _shell(target, (
-        f"rm -rf {q(final)}.old && {{ [ ! -e {q(final)} ] || mv {q(final)} {q(final)}.old; }} && "
-        f"mv {q(incoming)} {q(final)} && ln -sfn {q(version)} {q(base)}/.current.tmp && "
-        f"mv -T {q(base)}/.current.tmp {q(current)} && rm -rf {q(final)}.old"
-    ), ssh)
+    # The directory name carries the content hash, so an existing one already holds these exact files.
+    _shell(target, f"if [ -e {q(final)} ]; then rm -rf {q(incoming)}; else mv {q(incoming)} {q(final)}; fi", ssh)
+    current = _shell(target, f"readlink {q(base)}/current || true", ssh).strip()
+    newest = not current or int(current.split("-")[0]) <= int(version)
+    if newest:
+        _shell(target, f"ln -sfn {q(name)} {q(base)}/.current.tmp && mv -T {q(base)}/.current.tmp {q(base)}/current",
+               ssh)
     return {
         "target": spec,
         "path": final,
+        "current": name if newest else current,
         "files": len(expected),
         "bytes": sum(p.stat().st_size for p in src.rglob("*") if p.is_file()),
         "verified_sha256": True,
         "seconds": round(time.monotonic() - start, 2),
     }
-

@@ -52,13 +52,25 @@ def load_task(name: str, *, seed: int, heldout_size: int, train_split: str, held
                 raise ValueError(f"task {name} split {split}: column '{column}' missing (has {ds.column_names})")
         if limit is not None:
             ds = ds.select(range(min(limit, len(ds))))
-        table = ds.data.table.rename_columns(
-            ["prompt" if c == prompt_column else "answer" if c == answer_column else c for c in ds.column_names]
-        )
+        table = ds.data.table
+        # The contract's names are added beside the task's own, so a reward function that asks for the
+        # task's column by its name (TRL's accuracy_reward wants `solution`) still receives it.
+        for name, column in (("prompt", prompt_column), ("answer", answer_column)):
+            if name not in table.column_names:
+                table = table.append_column(name, table[column])
         ids = pa.array(range(first_id, first_id + len(table)), pa.int64())
         tables.append(table.add_column(0, "prompt_id", ids))
         first_id += len(table)
     return tables[0], tables[1]
+
+
+def check_fits(prompts: pa.Table, prompt_ids: list[list[int]], max_tokens: int, max_len: int) -> None:
+    """Prompt plus the longest completion must stay below max_len: the score stage feeds the pair back to
+    vLLM as a prompt, and vLLM needs room for one more token after it."""
+    for row, ids in enumerate(prompt_ids):
+        if len(ids) + max_tokens >= max_len:
+            raise ValueError(f"data/task/train.parquet: prompt_id {prompts['prompt_id'][row].as_py()}: field 'prompt': "
+                             f"{len(ids)} tokens + generate.max_tokens={max_tokens} must be < model.max_len={max_len}")
 
 
 def draw_prompts(train: pa.Table, n: int, *, seed: int, iteration: int) -> pa.Table:

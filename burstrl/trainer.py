@@ -42,19 +42,22 @@ class RolloutGRPOTrainer(GRPOTrainer):
             return pad([torch.tensor(row[key], dtype=dtype) for row in inputs], padding_value=value,
                        padding_side=side).to(device)
 
+        def mask(key, side):
+            return pad([torch.ones(len(row[key]), dtype=torch.long) for row in inputs], padding_value=0,
+                       padding_side=side).to(device)
+
         prompt_ids = padded("prompt_ids", self.processing_class.pad_token_id, "left")
-        prompt_mask = pad([torch.ones(len(row["prompt_ids"]), dtype=torch.long) for row in inputs],
-                          padding_value=0, padding_side="left").to(device)
+        prompt_mask = mask("prompt_ids", "left")
         completion_ids = padded("completion_ids", self.processing_class.pad_token_id, "right")
-        completion_mask = pad([torch.ones(len(row["completion_ids"]), dtype=torch.long) for row in inputs],
-                              padding_value=0, padding_side="right").to(device)
+        completion_mask = mask("completion_ids", "right")
         batch = {
             "prompt_ids": prompt_ids,
             "prompt_mask": prompt_mask,
             "completion_ids": completion_ids,
             "completion_mask": completion_mask,
             "advantages": torch.tensor([row["advantage"] for row in inputs], dtype=torch.float32, device=device),
-            "num_items_in_batch": completion_mask.sum(),
+            # Summed over all processes, as TRL does, so dapo's token normalizer is right on several GPUs.
+            "num_items_in_batch": self.accelerator.gather(completion_mask.sum()).sum(),
             "sampling_per_token_logps": padded("sampler_logprobs", 0.0, "right", torch.float32),
         }
         if self.beta != 0.0:
@@ -72,12 +75,17 @@ class RolloutGRPOTrainer(GRPOTrainer):
         return batch
 
 
-def check_batch(source: Path, table: pa.Table, *, parent_version: str, beta: float, expected_rows: int) -> float:
-    """Refuse a rollout batch this update cannot use as is; returns its sampling temperature."""
-    others = sorted({v for v in table["policy_version"].to_pylist() if v != parent_version})
-    if others:
-        raise ValueError(f"{source}: field 'policy_version': rollouts from {others}, "
-                         f"but training starts from policy {parent_version}")
+def check_batch(source: Path, table: pa.Table, *, parent: dict, beta: float, expected_rows: int) -> float:
+    """Refuse a rollout batch this update cannot use as is; returns its sampling temperature.
+
+    `parent` is the metadata of the checkpoint training starts from: every rollout must have been sampled
+    by exactly those weights (same version and content hash), since the update is on-policy for them.
+    """
+    for field, key in (("policy_version", "policy_version"), ("policy_hash", "content_hash")):
+        others = sorted({v for v in table[field].to_pylist() if v != parent[key]})
+        if others:
+            raise ValueError(f"{source}: field '{field}': rollouts from {others}, "
+                             f"but training starts from policy {parent['policy_version']} ({parent[key]})")
     temperatures = sorted(set(table["temperature"].to_pylist()))
     if len(temperatures) != 1:
         raise ValueError(f"{source}: field 'temperature': one batch must share one temperature, got {temperatures}")
@@ -85,7 +93,8 @@ def check_batch(source: Path, table: pa.Table, *, parent_version: str, beta: flo
         raise ValueError(f"{source}: field 'temperature': the KL term needs rollouts sampled at 1.0 "
                          f"(reference logprobs are at 1.0), got {temperatures[0]}")
     if len(table) != expected_rows:
-        raise ValueError(f"{source}: has {len(table)} rows, params expect {expected_rows}")
+        raise ValueError(f"{source}: field 'prompt_id': {len(table)} rows, but generate.prompts_per_iteration * "
+                         f"generate.num_generations = {expected_rows}")
     return temperatures[0]
 
 

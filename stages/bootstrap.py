@@ -6,11 +6,11 @@ run on the task; any other source is a Hugging Face causal LM, copied in (and wa
 
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from burstrl import engine
+from burstrl.contract import read_task
 from burstrl.evaluate import heldout_accuracy
 from burstrl.policy import publish_policy, staging_dir
 from burstrl.sft import encode_pairs, supervised_finetune
@@ -30,7 +30,9 @@ if __name__ == "__main__":
         else:
             tokenizer = AutoTokenizer.from_pretrained(cfg.model.source)
             model = AutoModelForCausalLM.from_pretrained(cfg.model.source)
-        train = pq.read_table("data/task/train.parquet")
+            if tokenizer.pad_token is None:  # GPT-2 and others ship none; padding never reaches the loss
+                tokenizer.pad_token = tokenizer.eos_token
+        train = read_task(Path("data/task/train.parquet"))
         if cfg.bootstrap.sft_steps:
             ids, labels = encode_pairs(tokenizer, train["prompt"].to_pylist(), train["answer"].to_pylist())
             losses = supervised_finetune(model, ids, labels, steps=cfg.bootstrap.sft_steps,
@@ -42,7 +44,7 @@ if __name__ == "__main__":
         publish_policy(tmp, OUT, version="000", parent=None, iteration=0)
         metrics["parameters"] = sum(p.numel() for p in model.parameters())
 
-        heldout = pq.read_table("data/task/heldout.parquet")
+        heldout = read_task(Path("data/task/heldout.parquet"))
         with engine.running(OUT, cfg.inference, cfg.model.max_len, cfg.seed) as llm:
             accuracy = heldout_accuracy(llm, tokenizer, heldout, cfg.eval.max_tokens)
     write_json(Path("metrics/bootstrap.json"), metrics)

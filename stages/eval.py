@@ -2,10 +2,10 @@
 
 from pathlib import Path
 
-import pyarrow.parquet as pq
 from transformers import AutoTokenizer
 
 from burstrl import engine
+from burstrl.contract import read_task
 from burstrl.evaluate import heldout_accuracy
 from burstrl.policy import read_metadata
 from burstrl.stage import parse, stage, write_json
@@ -17,7 +17,7 @@ if __name__ == "__main__":
         policy = Path("checkpoints") / args.iteration
         meta = read_metadata(policy)
         tokenizer = AutoTokenizer.from_pretrained(policy)
-        heldout = pq.read_table("data/task/heldout.parquet")
+        heldout = read_task(Path("data/task/heldout.parquet"))
         with engine.running(policy, cfg.inference, cfg.model.max_len, cfg.seed) as llm:
             metrics.update(heldout_accuracy(llm, tokenizer, heldout, cfg.eval.max_tokens))
         metrics["policy_version"] = meta["policy_version"]

@@ -3,14 +3,13 @@
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from transformers import AutoTokenizer
 
 from burstrl import engine
-from burstrl.contract import ROLLOUT_FIELDS, write_table
+from burstrl.contract import ROLLOUT_FIELDS, read_task, write_table
 from burstrl.policy import read_metadata
 from burstrl.stage import parse, stage, write_json
-from burstrl.task import draw_prompts
+from burstrl.task import check_fits, draw_prompts
 
 if __name__ == "__main__":
     args, cfg = parse(__doc__, "iteration", "parent")
@@ -20,9 +19,10 @@ if __name__ == "__main__":
         policy = Path("checkpoints") / args.parent
         meta = read_metadata(policy)
         tokenizer = AutoTokenizer.from_pretrained(policy)
-        prompts = draw_prompts(pq.read_table("data/task/train.parquet"), g.prompts_per_iteration, seed=cfg.seed,
+        prompts = draw_prompts(read_task(Path("data/task/train.parquet")), g.prompts_per_iteration, seed=cfg.seed,
                                iteration=int(args.iteration))
         prompt_ids = [tokenizer(p)["input_ids"] for p in prompts["prompt"].to_pylist()]
+        check_fits(prompts, prompt_ids, g.max_tokens, cfg.model.max_len)
         # One seed per prompt: a group can be regenerated alone and come out the same.
         seeds = [cfg.seed * 1_000_003 + int(args.iteration) * 100_003 + pid for pid in prompts["prompt_id"].to_pylist()]
         with engine.running(policy, cfg.inference, cfg.model.max_len, cfg.seed) as llm:

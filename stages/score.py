@@ -9,10 +9,10 @@ from pathlib import Path
 import pyarrow as pa
 
 from burstrl import engine
-from burstrl.advantages import group_advantages
+from burstrl.advantages import group_advantages, zero_variance_groups
 from burstrl.contract import ROLLOUT_FIELDS, SCORED_FIELDS, read_rollouts, write_table
 from burstrl.policy import read_metadata
-from burstrl.rewards import resolve, weighted_total
+from burstrl.rewards import score_table
 from burstrl.stage import parse, stage, write_json
 
 REFERENCE = Path("checkpoints/000")
@@ -22,31 +22,18 @@ if __name__ == "__main__":
     s = cfg.score
     metrics: dict = {}
     with stage("score", metrics):
-        funcs = [resolve(name) for name in s.reward_funcs]
         source = Path(f"data/rollouts/{args.iteration}.parquet")
         rollouts = read_rollouts(source)
         contract = {f.name for f in ROLLOUT_FIELDS}
-        columns = {c: rollouts[c].to_pylist() for c in rollouts.column_names if c not in contract}
-        prompts = rollouts["prompt"].to_pylist()
-        completions = rollouts["completion"].to_pylist()
-        completion_ids = rollouts["completion_ids"].to_pylist()
-        per_function = []
-        for name, fn in zip(s.reward_funcs, funcs, strict=True):
-            values = fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
-            if len(values) != len(prompts):
-                raise ValueError(f"reward function {name} returned {len(values)} values for {len(prompts)} rows")
-            per_function.append(values)
-            present = [v for v in values if v is not None]
-            metrics[f"reward/{name}"] = sum(present) / max(1, len(present))
-        rewards = weighted_total(per_function, s.reward_weights)
-        unrewarded = [i for i, r in enumerate(rewards) if r != r]
-        if unrewarded:
-            raise ValueError(f"{source}: row {unrewarded[0]}: field 'reward': no reward function returned a value")
-        advantages = group_advantages(rewards, rollouts["prompt_id"].to_pylist(), scale=s.scale_rewards)
+        task_columns = [c for c in rollouts.column_names if c not in contract]
+        per_function, rewards = score_table(s.reward_funcs, s.reward_weights, source, rollouts, task_columns,
+                                            conversational=s.completion_format == "conversational")
+        groups = rollouts["prompt_id"].to_pylist()
+        advantages = group_advantages(rewards, groups, scale=s.scale_rewards)
 
         read_metadata(REFERENCE)
         with engine.running(REFERENCE, cfg.inference, cfg.model.max_len, cfg.seed) as llm:
-            ref = engine.token_logprobs(llm, rollouts["prompt_ids"].to_pylist(), completion_ids)
+            ref = engine.token_logprobs(llm, rollouts["prompt_ids"].to_pylist(), rollouts["completion_ids"].to_pylist())
 
         scored = (rollouts
                   .append_column("rewards", pa.array(list(zip(*per_function, strict=True)), pa.list_(pa.float32())))
@@ -54,13 +41,11 @@ if __name__ == "__main__":
                   .append_column("advantage", pa.array(advantages, pa.float32()))
                   .append_column("ref_logprobs", pa.array(ref, pa.list_(pa.float32()))))
         write_table(scored, SCORED_FIELDS, Path(f"data/scored/{args.iteration}.parquet"))
-        groups = rollouts["prompt_id"].to_pylist()
-        spread: dict[int, set[float]] = {}
-        for reward, group in zip(rewards, groups, strict=True):
-            spread.setdefault(group, set()).add(reward)
-        zero_var = sum(len(values) == 1 for values in spread.values())
+        for name, values in zip(s.reward_funcs, per_function, strict=True):
+            present = [v for v in values if v is not None]
+            metrics[f"reward/{name}"] = sum(present) / max(1, len(present))
         metrics.update({"reward_mean": sum(rewards) / len(rewards), "rollouts": len(rewards),
-                        "groups_zero_variance": zero_var, "groups": len(spread)})
+                        "groups": len(set(groups)), "groups_zero_variance": zero_variance_groups(rewards, groups)})
     write_json(Path(f"metrics/score/{args.iteration}.json"), metrics)
     print(f"score {args.iteration}: mean reward {metrics['reward_mean']:.3f}, "
-          f"{zero_var}/{metrics['groups']} groups without reward variance")
+          f"{metrics['groups_zero_variance']}/{metrics['groups']} groups without reward variance")

@@ -12,7 +12,8 @@ if __name__ == "__main__":
     with stage("sync", metrics):
         src = Path("checkpoints") / args.iteration
         meta = read_metadata(src)
-        targets = [sync_checkpoint(src, args.iteration, spec, cfg.sync.ssh_command) for spec in cfg.sync.targets]
+        targets = [sync_checkpoint(src, args.iteration, meta["content_hash"], spec, cfg.sync.ssh_command)
+                   for spec in cfg.sync.targets]
     write_json(Path(f"data/sync/{args.iteration}.json"), {
         "policy_version": meta["policy_version"],
         "content_hash": meta["content_hash"],

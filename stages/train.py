@@ -25,8 +25,8 @@ if __name__ == "__main__":
         source = Path(f"data/scored/{args.iteration}.parquet")
         table = read_scored(source)
         parent = Path("checkpoints") / args.parent
-        temperature = check_batch(source, table, parent_version=read_metadata(parent)["policy_version"],
-                                  beta=cfg.train.beta, expected_rows=cfg.rollouts_per_iteration)
+        temperature = check_batch(source, table, parent=read_metadata(parent), beta=cfg.train.beta,
+                                  expected_rows=cfg.rollouts_per_iteration)
         tokenizer = AutoTokenizer.from_pretrained(parent)
         model = AutoModelForCausalLM.from_pretrained(parent)
         tmp = staging_dir(out)
@@ -47,7 +47,7 @@ if __name__ == "__main__":
             if value is not None:
                 metrics[key.replace("/", "_")] = value
         metrics["optimizer_steps"] = trainer.state.global_step
-        trainer.save_model(str(tmp))
+        trainer.model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         publish_policy(tmp, out, version=args.iteration, parent=args.parent, iteration=int(args.iteration))
     write_json(Path(f"metrics/train/{args.iteration}.json"), metrics)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from burstrl.contract import ROLLOUT_FIELDS, SCORED_FIELDS
+from burstrl.contract import ROLLOUT_FIELDS
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -31,11 +31,6 @@ def as_table(rows: list[dict], fields=ROLLOUT_FIELDS) -> pa.Table:
     names = [f.name for f in fields] + ["answer"]
     schema = pa.schema(fields + [pa.field("answer", pa.string())])
     return pa.Table.from_pylist([{k: r[k] for k in names} for r in rows], schema=schema)
-
-
-@pytest.fixture
-def scored_fields():
-    return SCORED_FIELDS
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,16 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import as_table, rollout_rows
 
-from burstrl.contract import ROLLOUT_FIELDS, SCORED_FIELDS, ContractError, read_rollouts, read_scored, write_table
+from burstrl.contract import (
+    ROLLOUT_FIELDS,
+    SCORED_FIELDS,
+    TASK_FIELDS,
+    ContractError,
+    read_rollouts,
+    read_scored,
+    read_task,
+    write_table,
+)
 
 
 def write(tmp_path, rows, fields=ROLLOUT_FIELDS, name="r.parquet"):
@@ -87,3 +96,18 @@ def test_non_finite_reward_is_rejected(tmp_path):
     rows[2]["advantage"] = math.inf
     with pytest.raises(ContractError, match="row 2 .* field 'advantage': is inf"):
         read_scored(write(tmp_path, rows, SCORED_FIELDS))
+
+
+def test_advantages_that_do_not_sum_to_zero_in_a_group_are_rejected(tmp_path):
+    rows = rollout_rows()
+    rows[2]["advantage"] = 0.9
+    with pytest.raises(ContractError, match="row 2 .* field 'advantage': group 1 sums to 1.4"):
+        read_scored(write(tmp_path, rows, SCORED_FIELDS))
+
+
+def test_task_table_with_duplicate_prompt_ids_is_rejected(tmp_path):
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.table({"prompt_id": [3, 4, 3], "prompt": ["a", "b", "c"], "answer": ["1", "2", "3"]},
+                            schema=pa.schema(TASK_FIELDS)), path)
+    with pytest.raises(ContractError, match=r"train\.parquet: row 2: field 'prompt_id': 3 appears twice"):
+        read_task(path)

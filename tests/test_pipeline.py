@@ -89,10 +89,10 @@ def test_full_iteration_produces_contract_files_and_changes_weights(ws):
 
     receipt = json.loads((root / "data/sync/001.json").read_text())
     assert receipt["content_hash"] == meta["content_hash"]
+    weights = (root / "checkpoints/001/model.safetensors").read_bytes()
     for base in (root / "inference", root / "remote"):
-        assert os.readlink(base / "current") == "001"
-        weights = (root / "checkpoints/001/model.safetensors").read_bytes()
-        assert (base / "001/model.safetensors").read_bytes() == weights
+        assert os.readlink(base / "current") == f"001-{meta['content_hash'][:12]}"
+        assert (base / "current/model.safetensors").read_bytes() == weights
     for stage in ("generate", "score", "train", "eval"):
         assert json.loads((root / f"metrics/{stage}/001.json").read_text())["seconds"] > 0
     report = run(["python", "-m", "burstrl.report"], root, env).stdout

@@ -45,30 +45,59 @@ def test_target_parsing_follows_rsync():
     assert Target.parse("./a:b") == Target(None, "./a:b")
 
 
-def check_published(base, policy):
-    assert os.readlink(base / "current") == "001"
+def sync(policy, spec, version="001"):
+    return sync_checkpoint(policy, version, read_metadata(policy)["content_hash"], spec, "ssh")
+
+
+def check_published(base, policy, version="001"):
+    name = f"{version}-{read_metadata(policy)['content_hash'][:12]}"
+    assert os.readlink(base / "current") == name
     assert json.loads((base / "current" / "burstrl.json").read_text()) == read_metadata(policy)
-    assert (base / "001" / "model.safetensors").read_bytes() == (policy / "model.safetensors").read_bytes()
+    assert (base / name / "model.safetensors").read_bytes() == (policy / "model.safetensors").read_bytes()
+    assert oct((base / name / "model.safetensors").stat().st_mode & 0o777) == oct(0o644)
     assert not list((base / ".incoming").iterdir())
 
 
-def test_sync_to_local_directory_publishes_atomically_and_replaces(tmp_path):
+def test_sync_to_local_directory_publishes_and_never_rewrites_in_place(tmp_path):
     policy = fake_policy(tmp_path / "ck", "001")
+    (policy / "model.safetensors").chmod(0o600)
     base = tmp_path / "inference"
-    receipt = sync_checkpoint(policy, "001", str(base), "ssh")
+    receipt = sync(policy, str(base))
     assert receipt["files"] == 5 and receipt["verified_sha256"]
     check_published(base, policy)
-    (policy / "model.safetensors").write_bytes(b"new" * 10)
-    sync_checkpoint(policy, "001", str(base), "ssh")
-    assert (base / "current" / "model.safetensors").read_bytes() == b"new" * 10
+    first = os.readlink(base / "current")
+    again = sync(policy, str(base))
+    assert again["path"] == receipt["path"] and os.readlink(base / "current") == first
+
+    changed = fake_policy(tmp_path / "ck2", "001", weights=b"new" * 10)
+    sync(changed, str(base))
+    check_published(base, changed)
+    assert (base / first / "model.safetensors").read_bytes() == b"w" * 1000  # a reader of the old one is undisturbed
+
+
+def test_resyncing_an_older_iteration_does_not_move_current_back(tmp_path):
+    base = tmp_path / "inference"
+    newer = fake_policy(tmp_path / "ck", "002", weights=b"2" * 10)
+    older = fake_policy(tmp_path / "ck", "001", weights=b"1" * 10)
+    sync(newer, str(base), "002")
+    receipt = sync(older, str(base), "001")
+    assert os.readlink(base / "current").startswith("002-")
+    assert receipt["current"].startswith("002-") and (base / receipt["path"].split("/")[-1]).is_dir()
+
+
+def test_target_without_a_usable_path_is_refused(tmp_path):
+    policy = fake_policy(tmp_path / "ck", "001")
+    for spec in ("box:", "box:~/models"):
+        with pytest.raises(SyncError, match="give an absolute path"):
+            sync(policy, spec)
 
 
 def test_sync_over_ssh_to_loopback(tmp_path, ssh_server, monkeypatch):
     monkeypatch.setenv("RSYNC_RSH", ssh_server["rsh"])
     policy = fake_policy(tmp_path / "ck", "001")
     base = tmp_path / "remote box"
-    receipt = sync_checkpoint(policy, "001", f"{ssh_server['user']}@127.0.0.1:{base}", "ssh -o BatchMode=yes")
-    assert receipt["path"] == f"{base}/001"
+    receipt = sync(policy, f"{ssh_server['user']}@127.0.0.1:{base}")
+    assert receipt["path"].startswith(f"{base}/001-")
     check_published(base, policy)
 
 
@@ -76,5 +105,4 @@ def test_sync_failure_is_reported_and_publishes_nothing(tmp_path, ssh_server, mo
     monkeypatch.setenv("RSYNC_RSH", ssh_server["rsh"])
     policy = fake_policy(tmp_path / "ck", "001")
     with pytest.raises(SyncError, match="on nosuchuser@127.0.0.1"):
-        sync_checkpoint(policy, "001", f"nosuchuser@127.0.0.1:{tmp_path}/x", "ssh")
-    assert not (tmp_path / "x").exists()
+        sync(policy, f"nosuchuser@127.0.0.1:{tmp_path}/x")

@@ -2,12 +2,13 @@
 
 import math
 
+import pyarrow as pa
 import pytest
 
-from burstrl.advantages import group_advantages
+from burstrl.advantages import group_advantages, zero_variance_groups
 from burstrl.iterations import load, save, with_next
-from burstrl.rewards import digit_match, exact_match, resolve, weighted_total
-from burstrl.task import addition_problems, draw_prompts
+from burstrl.rewards import digit_match, exact_match, resolve, score_table, weighted_total
+from burstrl.task import addition_problems, check_fits, draw_prompts
 from burstrl.tinymodel import build_tokenizer
 
 
@@ -40,10 +41,6 @@ def test_resolve_known_and_unknown_names():
         resolve("burstrl.rewards.nope")
     with pytest.raises(ValueError, match="cannot import module of 'nosuchpkg.f'"):
         resolve("nosuchpkg.f")
-
-
-def test_trl_reward_functions_resolve():
-    assert callable(resolve("trl.rewards.accuracy_reward"))
 
 
 def test_addition_split_is_fixed_and_disjoint():
@@ -93,3 +90,30 @@ def test_iterations_file_round_trips(tmp_path):
     save({"002": "001", "001": "000"}, path)
     assert load(path) == {"001": "000", "002": "001"}
     assert path.read_text().splitlines()[-2:] == ['  "001": "000"', '  "002": "001"']
+
+
+def test_zero_variance_groups_counts_groups_without_signal():
+    assert zero_variance_groups([1, 1, 0, 1, 2, 2], [1, 1, 2, 2, 3, 3]) == 2
+
+
+def test_trl_builtin_reward_runs_unchanged_on_conversational_rows():
+    table = pa.table({"prompt": ["1+1="] * 2, "completion": ["<think>so</think>2", "2"], "completion_ids": [[5], [5]],
+                      "answer": ["2", "2"]})
+    per_function, totals = score_table(["trl.rewards.think_format_reward", "burstrl.rewards.exact_match"],
+                                       [1.0, 0.5], "r.parquet", table, ["answer"], conversational=True)
+    assert per_function[0] == [1.0, 0.0]
+    assert totals == [1.0, 0.5]
+
+
+def test_reward_function_errors_name_the_function():
+    table = pa.table({"prompt": ["1+1="], "completion": ["2"], "completion_ids": [[5]]})
+    with pytest.raises(ValueError, match=r"r.parquet: reward function burstrl.rewards.exact_match failed"):
+        score_table(["burstrl.rewards.exact_match"], [1.0], "r.parquet", table, [])
+
+
+def test_prompt_that_leaves_no_room_is_named():
+    train, _ = addition_problems(seed=0, heldout_size=10)
+    rows = train.slice(0, 2)
+    check_fits(rows, [[1] * 7, [1] * 7], max_tokens=5, max_len=13)
+    with pytest.raises(ValueError, match=rf"prompt_id {rows['prompt_id'][1].as_py()}: field 'prompt': 8 tokens"):
+        check_fits(rows, [[1] * 7, [1] * 8], max_tokens=5, max_len=13)

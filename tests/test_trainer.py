@@ -45,6 +45,14 @@ def test_rows_become_padded_trl_batch(tmp_path):
     assert batch["old_per_token_logps"].shape == (8, 3)
 
 
+def test_beta_zero_and_single_step_leave_out_ref_and_old_logprobs(tmp_path):
+    table = as_table(rollout_rows(groups=2, size=4), SCORED_FIELDS)
+    trainer = make_trainer(tmp_path, table, beta=0.0)
+    trainer.args.steps_per_generation = 1  # one optimizer step per batch: the sampler's weights are the trainer's
+    batch = trainer._generate_and_score_completions(table.to_pylist())
+    assert "ref_per_token_logps" not in batch and "old_per_token_logps" not in batch
+
+
 def sequence_logprob(model, row):
     ids = torch.tensor([row["prompt_ids"] + row["completion_ids"]])
     with torch.no_grad():
@@ -73,8 +81,12 @@ def test_table_with_lists_round_trips_through_datasets():
     assert isinstance(table.schema.field("rewards").type, pa.ListType)
 
 
+PARENT = {"policy_version": "000", "content_hash": "abc"}
+
+
 @pytest.mark.parametrize(("change", "message"), [
-    ({"policy_version": "007"}, r"rollouts from \['007'\], but training starts from policy 000"),
+    ({"policy_version": "007"}, r"field 'policy_version': rollouts from \['007'\], but training starts from"),
+    ({"policy_hash": "old"}, r"field 'policy_hash': rollouts from \['old'\]"),
     ({"temperature": 0.7}, "the KL term needs rollouts sampled at 1.0"),
 ])
 def test_check_batch_refuses_what_the_update_cannot_use(change, message):
@@ -82,6 +94,8 @@ def test_check_batch_refuses_what_the_update_cannot_use(change, message):
     for row in rows:
         row.update(change)
     with pytest.raises(ValueError, match=message):
-        check_batch(Path("s.parquet"), as_table(rows, SCORED_FIELDS), parent_version="000", beta=0.02, expected_rows=4)
-    assert check_batch(Path("s.parquet"), as_table(rollout_rows(), SCORED_FIELDS), parent_version="000", beta=0.02,
-                       expected_rows=4) == 1.0
+        check_batch(Path("s.parquet"), as_table(rows, SCORED_FIELDS), parent=PARENT, beta=0.02, expected_rows=4)
+    good = as_table(rollout_rows(), SCORED_FIELDS)
+    assert check_batch(Path("s.parquet"), good, parent=PARENT, beta=0.02, expected_rows=4) == 1.0
+    with pytest.raises(ValueError, match="field 'prompt_id': 4 rows, but"):
+        check_batch(Path("s.parquet"), good, parent=PARENT, beta=0.02, expected_rows=8)
