@@ -10,6 +10,10 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 
+class ConfigError(ValueError):
+    """Params that cannot work; the message names the params file and key."""
+
+
 @dataclass
 class ModelConfig:
     source: str = "tiny"
@@ -150,14 +154,14 @@ def load_config(path: Path | str = "params.yaml") -> Config:
     merged = OmegaConf.merge(OmegaConf.structured(Config), raw)
     cfg: Config = OmegaConf.to_object(merged)
     if cfg.rollouts_per_iteration % cfg.train.batch_size:
-        raise ValueError(
+        raise ConfigError(
             f"{path}: train.batch_size={cfg.train.batch_size} must divide the rollout batch "
             f"(generate.prompts_per_iteration * generate.num_generations = {cfg.rollouts_per_iteration})"
         )
     if cfg.generate.num_generations < 2:
-        raise ValueError(f"{path}: generate.num_generations must be >= 2 for group-relative advantages")
+        raise ConfigError(f"{path}: generate.num_generations must be >= 2 for group-relative advantages")
     if cfg.score.completion_format not in ("standard", "conversational"):
-        raise ValueError(f"{path}: score.completion_format must be 'standard' or 'conversational'")
+        raise ConfigError(f"{path}: score.completion_format must be 'standard' or 'conversational'")
     if len(cfg.score.reward_funcs) != len(cfg.score.reward_weights):
-        raise ValueError(f"{path}: score.reward_funcs and score.reward_weights must have the same length")
+        raise ConfigError(f"{path}: score.reward_funcs and score.reward_weights must have the same length")
     return cfg

@@ -8,6 +8,9 @@ weighted total skips it, as TRL does.
 import importlib
 import math
 
+from burstrl.config import ConfigError
+from burstrl.contract import ContractError
+
 
 def _text(completion) -> str:
     """A completion in either TRL format: plain text, or a list of chat messages ending with the reply."""
@@ -36,11 +39,11 @@ def resolve(name: str):
     try:
         fn = getattr(importlib.import_module(module_name), attr) if module_name else None
     except ImportError as err:
-        raise ValueError(f"score.reward_funcs: cannot import module of '{name}': {err}") from err
+        raise ConfigError(f"score.reward_funcs: cannot import module of '{name}': {err}") from err
     except AttributeError:
         fn = None
     if not callable(fn):
-        raise ValueError(f"score.reward_funcs: unknown reward function '{name}' (expected module.function)")
+        raise ConfigError(f"score.reward_funcs: unknown reward function '{name}' (expected module.function)")
     return fn
 
 
@@ -64,14 +67,16 @@ def score_table(names: list[str], weights: list[float], source, table, task_colu
         try:
             values = list(fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **kwargs))
         except (TypeError, KeyError, AttributeError) as err:
-            raise ValueError(f"{source}: reward function {name} failed on the columns {sorted(kwargs)}: {err}") from err
+            raise ContractError(f"{source}: reward function {name} failed on the columns {sorted(kwargs)}: "
+                                f"{err}") from err
         if len(values) != len(prompts):
-            raise ValueError(f"{source}: reward function {name} returned {len(values)} values for {len(prompts)} rows")
+            raise ContractError(f"{source}: reward function {name} returned {len(values)} values for "
+                                f"{len(prompts)} rows")
         per_function.append(values)
     totals = weighted_total(per_function, weights)
     missing = next((row for row, value in enumerate(totals) if math.isnan(value)), None)
     if missing is not None:
-        raise ValueError(f"{source}: row {missing}: field 'reward': no reward function returned a value")
+        raise ContractError(f"{source}: row {missing}: field 'reward': no reward function returned a value")
     return per_function, totals
 
 

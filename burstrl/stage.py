@@ -9,7 +9,7 @@ from pathlib import Path
 
 from omegaconf.errors import OmegaConfBaseException
 
-from burstrl.config import Config, load_config
+from burstrl.config import Config, ConfigError, load_config
 from burstrl.contract import ContractError
 from burstrl.sync import SyncError
 
@@ -29,18 +29,19 @@ def parse(description: str, *names: str) -> tuple[argparse.Namespace, Config]:
     args = parser.parse_args()
     try:
         return args, load_config(args.params)
-    except (ValueError, OmegaConfBaseException) as err:
-        print(f"{parser.prog}: error: {err}", file=sys.stderr)
+    except (ConfigError, OmegaConfBaseException) as err:
+        print(f"{Path(parser.prog).stem}: error: {err}", file=sys.stderr)
         sys.exit(1)
 
 
 @contextmanager
 def stage(name: str, metrics: dict):
-    """Time the stage into metrics['seconds']; bad input or config becomes one clear line and exit status 1."""
+    """Time the stage into metrics['seconds']; bad input or params become one clear line and exit status 1.
+    Any other exception is a bug and keeps its traceback."""
     start = time.monotonic()
     try:
         yield
-    except (ContractError, SyncError, ValueError) as err:
+    except (ContractError, ConfigError, SyncError) as err:
         print(f"{name}: error: {err}", file=sys.stderr)
         sys.exit(1)
     metrics["seconds"] = round(time.monotonic() - start, 2)

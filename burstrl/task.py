@@ -9,6 +9,9 @@ import random
 
 import pyarrow as pa
 
+from burstrl.config import ConfigError
+from burstrl.contract import ContractError
+
 TASK_SCHEMA = pa.schema([("prompt_id", pa.int64()), ("prompt", pa.string()), ("answer", pa.string())])
 
 
@@ -20,7 +23,7 @@ def addition_problems(seed: int, heldout_size: int, max_operand: int = 99) -> tu
     """
     pairs = [(a, b) for a in range(max_operand + 1) for b in range(max_operand + 1)]
     if not 0 < heldout_size < len(pairs):
-        raise ValueError(f"heldout_size must be in (0, {len(pairs)}), got {heldout_size}")
+        raise ConfigError(f"task.heldout_size must be in (0, {len(pairs)}), got {heldout_size}")
     random.Random(seed).shuffle(pairs)
 
     def table(rows: list[tuple[int, int]], first_id: int) -> pa.Table:
@@ -49,7 +52,7 @@ def load_task(name: str, *, seed: int, heldout_size: int, train_split: str, held
         ds = datasets.load_dataset(name, split=split)
         for column in (prompt_column, answer_column):
             if column not in ds.column_names:
-                raise ValueError(f"task {name} split {split}: column '{column}' missing (has {ds.column_names})")
+                raise ContractError(f"task {name} split {split}: column '{column}' missing (has {ds.column_names})")
         if limit is not None:
             ds = ds.select(range(min(limit, len(ds))))
         table = ds.data.table
@@ -69,13 +72,14 @@ def check_fits(prompts: pa.Table, prompt_ids: list[list[int]], max_tokens: int, 
     vLLM as a prompt, and vLLM needs room for one more token after it."""
     for row, ids in enumerate(prompt_ids):
         if len(ids) + max_tokens >= max_len:
-            raise ValueError(f"data/task/train.parquet: prompt_id {prompts['prompt_id'][row].as_py()}: field 'prompt': "
-                             f"{len(ids)} tokens + generate.max_tokens={max_tokens} must be < model.max_len={max_len}")
+            pid = prompts["prompt_id"][row].as_py()
+            raise ContractError(f"data/task/train.parquet: prompt_id {pid}: field 'prompt': {len(ids)} tokens + "
+                                f"generate.max_tokens={max_tokens} must be < model.max_len={max_len}")
 
 
 def draw_prompts(train: pa.Table, n: int, *, seed: int, iteration: int) -> pa.Table:
     """The `n` prompts of one iteration: a seeded draw without replacement, the same on every re-run."""
     if n > len(train):
-        raise ValueError(f"generate.prompts_per_iteration={n} exceeds the {len(train)} train prompts")
+        raise ConfigError(f"generate.prompts_per_iteration={n} exceeds the {len(train)} train prompts")
     rows = random.Random(f"{seed}:{iteration}").sample(range(len(train)), n)
     return train.take(sorted(rows))

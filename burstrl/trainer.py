@@ -21,6 +21,8 @@ from torch.utils.data import SequentialSampler
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import pad
 
+from burstrl.contract import ContractError
+
 
 def _precomputed(*args, **kwargs):
     raise RuntimeError("rewards are precomputed by the score stage; the train stage never scores")
@@ -84,16 +86,16 @@ def check_batch(source: Path, table: pa.Table, *, parent: dict, beta: float, exp
     for field, key in (("policy_version", "policy_version"), ("policy_hash", "content_hash")):
         others = sorted({v for v in table[field].to_pylist() if v != parent[key]})
         if others:
-            raise ValueError(f"{source}: field '{field}': rollouts from {others}, "
+            raise ContractError(f"{source}: field '{field}': rollouts from {others}, "
                              f"but training starts from policy {parent['policy_version']} ({parent[key]})")
     temperatures = sorted(set(table["temperature"].to_pylist()))
     if len(temperatures) != 1:
-        raise ValueError(f"{source}: field 'temperature': one batch must share one temperature, got {temperatures}")
+        raise ContractError(f"{source}: field 'temperature': one batch must share one temperature, got {temperatures}")
     if beta and temperatures != [1.0]:
-        raise ValueError(f"{source}: field 'temperature': the KL term needs rollouts sampled at 1.0 "
+        raise ContractError(f"{source}: field 'temperature': the KL term needs rollouts sampled at 1.0 "
                          f"(reference logprobs are at 1.0), got {temperatures[0]}")
     if len(table) != expected_rows:
-        raise ValueError(f"{source}: field 'prompt_id': {len(table)} rows, but generate.prompts_per_iteration * "
+        raise ContractError(f"{source}: field 'prompt_id': {len(table)} rows, but generate.prompts_per_iteration * "
                          f"generate.num_generations = {expected_rows}")
     return temperatures[0]
 

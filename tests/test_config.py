@@ -5,8 +5,9 @@ import yaml
 from conftest import REPO
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError
 
-from burstrl.config import Config, load_config
+from burstrl.config import Config, ConfigError, load_config
 
 
 def test_params_yaml_equals_hydra_composition_of_conf():
@@ -31,7 +32,7 @@ def test_bad_params_are_named(tmp_path, change, message):
     for section, values in change.items():
         params[section].update(values)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    with pytest.raises(Exception, match=message):
+    with pytest.raises((ConfigError, ConfigKeyError), match=message):
         load_config(tmp_path / "params.yaml")
 
 

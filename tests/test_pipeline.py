@@ -134,12 +134,11 @@ def stage_fails(root, env, cmd, message, keep):
 
 def test_rollouts_missing_a_column_stop_score(ws):
     root, env = ws
-    bad = root / "data/rollouts/bad-col.parquet"
+    bad = root / "data/rollouts/901.parquet"
     pq.write_table(pq.read_table(root / "data/rollouts/001.parquet").drop_columns(["completion_ids"]), bad)
-    shutil.copy(bad, root / "data/rollouts/901.parquet")
-    scored = root / "data/scored/001.parquet"
     stage_fails(root, env, ["stages/score.py", "901"],
-                "data/rollouts/901.parquet: schema: field 'completion_ids': column is missing", [scored, bad])
+                "data/rollouts/901.parquet: schema: field 'completion_ids': column is missing",
+                [root / "data/scored/001.parquet", bad])
     assert not (root / "data/scored/901.parquet").exists()
 
 
@@ -177,7 +176,7 @@ def test_bad_params_stop_a_stage_with_one_line(ws, tmp_path):
     params["train"]["batch_size"] = 7
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(params))
     stage_fails(root, env, ["stages/train.py", "001", "000", "--params", str(tmp_path / "p.yaml")],
-                "train.py: error: " + str(tmp_path / "p.yaml") + ": train.batch_size=7 must divide", [])
+                "train: error: " + str(tmp_path / "p.yaml") + ": train.batch_size=7 must divide", [])
 
 
 def test_policy_without_tokenizer_stops_generate(ws):

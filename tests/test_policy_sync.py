@@ -101,8 +101,8 @@ def test_sync_over_ssh_to_loopback(tmp_path, ssh_server, monkeypatch):
     check_published(base, policy)
 
 
-def test_sync_failure_is_reported_and_publishes_nothing(tmp_path, ssh_server, monkeypatch):
+def test_unreachable_ssh_target_is_reported_with_its_host(tmp_path, ssh_server, monkeypatch):
     monkeypatch.setenv("RSYNC_RSH", ssh_server["rsh"])
     policy = fake_policy(tmp_path / "ck", "001")
-    with pytest.raises(SyncError, match="on nosuchuser@127.0.0.1"):
+    with pytest.raises(SyncError, match="on nosuchuser@127.0.0.1: `mkdir -p .*x/.incoming/001-"):
         sync(policy, f"nosuchuser@127.0.0.1:{tmp_path}/x")
