@@ -9,6 +9,13 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+# The choices of the enumerated params; the modules that implement them import these.
+BASELINES = ("group_mean", "leave_one_out")
+SCALES = ("group", "batch", "none")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "none")
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+
 
 class ConfigError(ValueError):
     """Params that cannot work; the message names the params file and key."""
@@ -89,8 +96,10 @@ class ScoreConfig:
     completion_format: str = "standard"
     """"standard" passes plain text to reward functions; "conversational" wraps prompts and completions as
     chat messages, the format TRL's built-in `trl.rewards` functions expect."""
-    scale_rewards: bool = True
-    """Divide group-centred rewards by the group's std (GRPO) or not (Dr. GRPO)."""
+    advantage_baseline: str = "group_mean"
+    """Baseline subtracted from each reward: "group_mean" (GRPO) or "leave_one_out" (RLOO)."""
+    scale_rewards: str = "group"
+    """Divide centred rewards by the group's std ("group", GRPO), the batch's ("batch") or not ("none", Dr. GRPO)."""
 
 
 @dataclass
@@ -102,11 +111,27 @@ class TrainConfig:
     epochs: int = 1
     """Optimizer passes over one rollout batch (TRL's num_iterations)."""
     beta: float = 0.02
-    """KL coefficient against the precomputed reference logprobs (TRL's k3 estimator)."""
+    """KL coefficient against the precomputed reference logprobs; 0 also makes score skip computing them."""
+    kl_estimator: str = "k3"
+    """Per-token KL estimator: k1 (log ratio), k2 (half squared log ratio) or k3 (TRL's, unbiased and >= 0)."""
     loss_type: str = "dapo"
-    """TRL loss aggregation: grpo, bnpo, dr_grpo or dapo."""
+    """Loss aggregation as TRL names it: grpo, bnpo, dr_grpo or dapo."""
     epsilon: float = 0.2
-    """PPO clip range."""
+    """Lower PPO clip range: the ratio is clipped below at 1 - epsilon."""
+    epsilon_high: float = 0.2
+    """Upper PPO clip range: clipped above at 1 + epsilon_high (DAPO's clip-higher uses 0.28)."""
+    is_mode: str = "token_truncate"
+    """Importance weight pi_old / sampler: token_truncate, token_mask, sequence_truncate, sequence_mask or none."""
+    is_cap: float = 2.0
+    """Upper bound of the importance weight: truncated to it, or the token/sequence masked above it."""
+    is_floor: float = 0.0
+    """Lower bound of the importance weight (0 = none): raised to it, or masked below it."""
+    max_staleness: int = 1
+    """Most policy versions a rollout may lag the checkpoint training starts from; older rows are dropped."""
+    drop_zero_variance_groups: bool = False
+    """Leave groups whose rewards are all equal out of the loss and its token count (DAPO's dynamic sampling)."""
+    mask_truncated: bool = False
+    """Leave completions cut off at generate.max_tokens (no EOS) out of the loss."""
     max_grad_norm: float = 1.0
     """Gradient clipping."""
     device: str = "cpu"
@@ -160,8 +185,21 @@ def load_config(path: Path | str = "params.yaml") -> Config:
         )
     if cfg.generate.num_generations < 2:
         raise ConfigError(f"{path}: generate.num_generations must be >= 2 for group-relative advantages")
-    if cfg.score.completion_format not in ("standard", "conversational"):
-        raise ConfigError(f"{path}: score.completion_format must be 'standard' or 'conversational'")
+    choices = {
+        "score.completion_format": (cfg.score.completion_format, ("standard", "conversational")),
+        "score.advantage_baseline": (cfg.score.advantage_baseline, BASELINES),
+        "score.scale_rewards": (cfg.score.scale_rewards, SCALES),
+        "train.kl_estimator": (cfg.train.kl_estimator, KL_ESTIMATORS),
+        "train.loss_type": (cfg.train.loss_type, LOSS_TYPES),
+        "train.is_mode": (cfg.train.is_mode, IS_MODES),
+    }
+    for key, (value, allowed) in choices.items():
+        if value not in allowed:
+            raise ConfigError(f"{path}: {key} is {value!r}, expected one of {', '.join(allowed)}")
+    if not 0 <= cfg.train.is_floor <= 1 <= cfg.train.is_cap:
+        raise ConfigError(f"{path}: need 0 <= train.is_floor <= 1 <= train.is_cap")
+    if cfg.train.max_staleness < 0:
+        raise ConfigError(f"{path}: train.max_staleness must be >= 0")
     if len(cfg.score.reward_funcs) != len(cfg.score.reward_weights):
         raise ConfigError(f"{path}: score.reward_funcs and score.reward_weights must have the same length")
     return cfg

@@ -6,12 +6,19 @@ Rollouts (generate -> score), one row per completion:
     humans and reward functions only and are never re-tokenized;
   - `sampler_logprobs[i]` is the sampler's logprob of `completion_ids[i]` at `temperature`: same length,
     finite, <= 0;
-  - `policy_version` / `policy_hash` name the checkpoint that sampled the row.
+  - `policy_version` / `policy_hash` name the checkpoint that sampled the row; `sampler_weights` says which
+    copy of it the sampler ran: "checkpoint" for its own files, else the label of a derived copy (quantized,
+    or perturbed in tests), whose mismatch the train stage's importance weights correct.
 Scored rollouts (score -> train) add:
   - `rewards`: one value per reward function, in the order of `score.reward_funcs`; `reward` their weighted sum;
   - `advantage`: group-relative, so it sums to ~0 within each group;
   - `ref_logprobs`: the frozen reference's logprob of each completion token at temperature 1, same length as
-    `completion_ids`, finite, <= 0.
+    `completion_ids`, finite, <= 0; null in every row when score ran with train.beta = 0 (no KL term).
+Importance weights (train -> people and tests), one row per scored row, in the same order:
+  - `staleness`: policy versions the sampler lagged the checkpoint training started from;
+  - `keep`: whether the loss used the row (see burstrl.batch.select_rows);
+  - `proximal_logprobs`: the trainer's logprob of each completion token when the batch arrived;
+  - `is_weights`: the importance weight each token's loss term was multiplied by (burstrl.objective).
 Task tables (prepare -> bootstrap, generate, eval): `prompt_id` int64 and unique, `prompt` and `answer`
   strings; any other columns are task fields.
 Task columns (e.g. `answer`) ride along unchanged so reward functions receive them as keyword arguments.
@@ -38,6 +45,7 @@ ROLLOUT_FIELDS = [
     pa.field("finish_reason", pa.string()),
     pa.field("policy_version", pa.string()),
     pa.field("policy_hash", pa.string()),
+    pa.field("sampler_weights", pa.string()),
     pa.field("temperature", pa.float32()),
     pa.field("top_p", pa.float32()),
     pa.field("seed", pa.int64()),
@@ -48,6 +56,14 @@ SCORED_FIELDS = ROLLOUT_FIELDS + [
     pa.field("advantage", pa.float32()),
     pa.field("ref_logprobs", pa.list_(pa.float32())),
 ]
+WEIGHT_FIELDS = [
+    pa.field("prompt_id", pa.int64()),
+    pa.field("sample_index", pa.int32()),
+    pa.field("staleness", pa.int32()),
+    pa.field("keep", pa.bool_()),
+    pa.field("proximal_logprobs", pa.list_(pa.float32())),
+    pa.field("is_weights", pa.list_(pa.float32())),
+]
 FINISH_REASONS = {"stop", "length"}
 
 
@@ -55,7 +71,7 @@ class ContractError(ValueError):
     """Input that breaks the contract; the message names file, row and field."""
 
 
-def _fail(path, row, field, problem, table=None):
+def fail(path, row, field, problem, table=None):
     where = f"row {row}"
     if table is not None and row is not None:
         where += f" (prompt_id={table['prompt_id'][row].as_py()}, sample_index={table['sample_index'][row].as_py()})"
@@ -69,9 +85,9 @@ def _read(path: Path, fields: list[pa.Field]) -> pa.Table:
         raise ContractError(f"{path}: not a readable Parquet file: {err}") from err
     for f in fields:
         if f.name not in table.column_names:
-            _fail(path, None, f.name, "column is missing")
+            fail(path, None, f.name, "column is missing")
         if table.schema.field(f.name).type != f.type:
-            _fail(path, None, f.name, f"dtype is {table.schema.field(f.name).type}, expected {f.type}")
+            fail(path, None, f.name, f"dtype is {table.schema.field(f.name).type}, expected {f.type}")
     return table
 
 
@@ -79,10 +95,10 @@ def _check_logprobs(path, table, name):
     lengths = table["completion_ids"].to_pylist()
     for row, values in enumerate(table[name].to_pylist()):
         if len(values) != len(lengths[row]):
-            _fail(path, row, name, f"has {len(values)} values for {len(lengths[row])} completion tokens", table)
+            fail(path, row, name, f"has {len(values)} values for {len(lengths[row])} completion tokens", table)
         bad = next((v for v in values if not math.isfinite(v) or v > 0), None)
         if bad is not None:
-            _fail(path, row, name, f"holds {bad}; logprobs must be finite and <= 0", table)
+            fail(path, row, name, f"holds {bad}; logprobs must be finite and <= 0", table)
 
 
 def _check_groups(path, table):
@@ -94,19 +110,19 @@ def _check_groups(path, table):
         indices = sorted(i for i, _ in members)
         first_row = min(r for _, r in members)
         if len(members) < 2:
-            _fail(path, first_row, "prompt_id", f"group {pid} has {len(members)} completion; GRPO needs >= 2", table)
+            fail(path, first_row, "prompt_id", f"group {pid} has {len(members)} completion; GRPO needs >= 2", table)
         if indices != list(range(len(members))):
-            _fail(path, first_row, "sample_index", f"group {pid} has indices {indices}, expected 0..{len(members) - 1}",
+            fail(path, first_row, "sample_index", f"group {pid} has indices {indices}, expected 0..{len(members) - 1}",
                   table)
 
 
 def _check_rollouts(path, table):
     for row, ids in enumerate(table["completion_ids"].to_pylist()):
         if not ids:
-            _fail(path, row, "completion_ids", "is empty", table)
+            fail(path, row, "completion_ids", "is empty", table)
     for row, reason in enumerate(table["finish_reason"].to_pylist()):
         if reason not in FINISH_REASONS:
-            _fail(path, row, "finish_reason", f"is {reason!r}, expected one of {sorted(FINISH_REASONS)}", table)
+            fail(path, row, "finish_reason", f"is {reason!r}, expected one of {sorted(FINISH_REASONS)}", table)
     _check_logprobs(path, table, "sampler_logprobs")
     _check_groups(path, table)
 
@@ -116,7 +132,7 @@ def read_task(path: Path) -> pa.Table:
     seen: set[int] = set()
     for row, pid in enumerate(table["prompt_id"].to_pylist()):
         if pid in seen:
-            _fail(path, row, "prompt_id", f"{pid} appears twice")
+            fail(path, row, "prompt_id", f"{pid} appears twice")
         seen.add(pid)
     return table
 
@@ -130,11 +146,16 @@ def read_rollouts(path: Path) -> pa.Table:
 def read_scored(path: Path) -> pa.Table:
     table = _read(path, SCORED_FIELDS)
     _check_rollouts(path, table)
-    _check_logprobs(path, table, "ref_logprobs")
+    nulls = table["ref_logprobs"].null_count
+    if nulls == 0:
+        _check_logprobs(path, table, "ref_logprobs")
+    elif nulls != len(table):
+        row = table["ref_logprobs"].is_null().to_pylist().index(True)
+        fail(path, row, "ref_logprobs", "is null in some rows only; it is all or nothing", table)
     for name in ("reward", "advantage"):
         for row, value in enumerate(table[name].to_pylist()):
             if value is None or not math.isfinite(value):
-                _fail(path, row, name, f"is {value}; must be finite", table)
+                fail(path, row, name, f"is {value}; must be finite", table)
     sums: dict[int, list[float]] = {}
     for row, (pid, adv) in enumerate(zip(table["prompt_id"].to_pylist(), table["advantage"].to_pylist(), strict=True)):
         entry = sums.setdefault(pid, [0.0, 0.0, row])
@@ -142,7 +163,7 @@ def read_scored(path: Path) -> pa.Table:
         entry[1] += abs(adv)
     for pid, (total, magnitude, first_row) in sums.items():
         if abs(total) > 1e-3 * max(1.0, magnitude):
-            _fail(path, first_row, "advantage", f"group {pid} sums to {total:.4g}; group-relative advantages sum to 0",
+            fail(path, first_row, "advantage", f"group {pid} sums to {total:.4g}; group-relative advantages sum to 0",
                   table)
     return table
 

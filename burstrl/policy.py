@@ -1,9 +1,11 @@
 """Policy checkpoints: a Hugging Face model directory plus `burstrl.json` naming its lineage.
 
 `checkpoints/NNN/` holds config.json, model.safetensors, the tokenizer files and burstrl.json:
-{"policy_version": "NNN", "parent_version": "MMM" | null, "iteration": int, "content_hash": sha256}.
-The content hash covers every file but burstrl.json, so rollouts stamped with it prove which weights
-sampled them. Directories are written under a temporary name and renamed into place.
+{"policy_version": "NNN", "parent_version": "MMM" | null, "iteration": int, "content_hash": sha256,
+ "lineage": [{"policy_version", "content_hash"}, ...]}, lineage listing this policy first, then its parent,
+back to the bootstrap policy. The content hash covers every file but burstrl.json, so rollouts stamped with
+it prove which weights sampled them, and a rollout's staleness is its policy's position in the lineage of
+the checkpoint training starts from. Directories are written under a temporary name and renamed into place.
 """
 
 import hashlib
@@ -54,26 +56,50 @@ def read_metadata(directory: Path) -> dict:
     if not path.is_file():
         raise ContractError(f"{path}: missing; every checkpoint records its policy_version and content_hash")
     meta = json.loads(path.read_text())
-    for key in ("policy_version", "content_hash"):
+    for key in ("policy_version", "content_hash", "lineage"):
         if key not in meta:
             raise ContractError(f"{path}: field '{key}' is missing")
     return meta
 
 
-def publish_policy(tmp_dir: Path, out_dir: Path, *, version: str, parent: str | None, iteration: int) -> dict:
-    """Stamp metadata into a finished `tmp_dir`, then rename it to `out_dir` (replacing any older copy)."""
+def publish_policy(tmp_dir: Path, out_dir: Path, *, version: str, parent: dict | None, iteration: int) -> dict:
+    """Stamp metadata into a finished `tmp_dir`, then rename it to `out_dir` (replacing any older copy).
+
+    `parent` is the metadata of the checkpoint this one was trained from (None for the bootstrap policy)."""
     check_policy_dir(tmp_dir)
+    digest = content_hash(tmp_dir)
     meta = {
         "policy_version": version,
-        "parent_version": parent,
+        "parent_version": parent["policy_version"] if parent else None,
         "iteration": iteration,
-        "content_hash": content_hash(tmp_dir),
+        "content_hash": digest,
+        "lineage": [{"policy_version": version, "content_hash": digest}] + (parent["lineage"] if parent else []),
     }
     (tmp_dir / METADATA).write_text(json.dumps(meta, indent=2) + "\n")
     if out_dir.exists():
         shutil.rmtree(out_dir)
     tmp_dir.rename(out_dir)
     return meta
+
+
+def mark_derived(directory: Path, source: dict, variant: str) -> None:
+    """Label `directory` as a copy of the policy `source` (its metadata) with changed weights: quantized for
+    an inference box, or perturbed in tests. Rollouts it samples carry `source`'s version and hash."""
+    check_policy_dir(directory)
+    meta = {"derived_from": {k: source[k] for k in ("policy_version", "content_hash")}, "variant": variant}
+    (directory / METADATA).write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def read_variant(directory: Path, source: dict) -> str:
+    """The variant label of a copy made by `mark_derived`, checked to derive from `source`."""
+    check_policy_dir(directory)
+    path = directory / METADATA
+    meta = json.loads(path.read_text()) if path.is_file() else {}
+    origin = meta.get("derived_from", {})
+    if (origin.get("policy_version"), origin.get("content_hash")) != (source["policy_version"], source["content_hash"]):
+        raise ContractError(f"{path}: field 'derived_from': {origin or 'missing'}; sampling weights must derive "
+                            f"from policy {source['policy_version']} ({source['content_hash']})")
+    return meta["variant"]
 
 
 def staging_dir(out_dir: Path) -> Path:

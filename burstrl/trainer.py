@@ -1,27 +1,26 @@
-"""TRL's GRPOTrainer, fed scored rollouts from Parquet instead of generating them.
+"""TRL's GRPOTrainer, fed scored rollouts from Parquet instead of generating them, with an off-policy-correct loss.
 
-TRL generates and scores inside `_generate_and_score_completions`, which returns the tensors its GRPO loss
-consumes (prompt/completion ids and masks, advantages, optional old and reference logprobs). This subclass
-overrides only that hook and the sampler, so the loss, clipping, KL term, logging and optimizer are TRL's own.
-Departures from TRL's colocated loop, all forced by the decoupled pipeline:
+TRL generates and scores inside `_generate_and_score_completions`, which returns the tensors its loss
+consumes. This subclass overrides that hook, the sampler and `_compute_loss`; TRL still owns the training
+loop, batch shuffling and slicing, the optimizer, logging and the logprob forward pass. Departures from TRL's
+colocated loop, all forced by the decoupled pipeline:
   - the whole rollout file is one generation batch: steps_per_generation = rollouts / batch_size optimizer
     steps, TRL shuffling and slicing it exactly as it does a freshly generated batch;
-  - reference logprobs come from the score stage (a frozen copy of the bootstrap policy in vLLM), so TRL is
-    built with beta=0 (it would otherwise load a second copy of the policy as its reference) and the KL
-    coefficient is set afterwards;
-  - "old" logprobs for the clipped ratio are computed with the trainer's weights at the start of the batch
-    when more than one optimizer step uses it, as TRL does; the sampler's own logprobs are carried along.
+  - the proximal ("old") logprobs are always computed with the trainer's weights when the batch arrives,
+    because the sampler is never the trainer: it ran an earlier version, other precision or quantized weights;
+  - the loss is `burstrl.objective.grpo_loss`: TRL's, plus the KL estimator choice and a loss mask for rows
+    `burstrl.batch.select_rows` leaves out; the importance weight is TRL's vLLM correction, fed from Parquet;
+  - reference logprobs come from the score stage, so TRL is built with beta=0 (it would otherwise load a
+    second copy of the policy as its reference) and the KL coefficient is set afterwards.
 """
 
-from pathlib import Path
-
-import pyarrow as pa
 import torch
 from torch.utils.data import SequentialSampler
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import pad
 
-from burstrl.contract import ContractError
+from burstrl import objective
+from burstrl.config import TrainConfig
 
 
 def _precomputed(*args, **kwargs):
@@ -29,9 +28,12 @@ def _precomputed(*args, **kwargs):
 
 
 class RolloutGRPOTrainer(GRPOTrainer):
-    def __init__(self, *, beta: float, **kwargs):
+    def __init__(self, *, train: TrainConfig, **kwargs):
         super().__init__(reward_funcs=[_precomputed], **kwargs)
-        self.beta = beta
+        self.beta = train.beta
+        self.objective = train
+        self.start_metrics: dict = {}
+        self.row_report: dict = {}
 
     def _get_train_sampler(self, dataset=None):
         # Rows are completions, not prompts to repeat; TRL shuffles the generation batch itself.
@@ -44,64 +46,91 @@ class RolloutGRPOTrainer(GRPOTrainer):
             return pad([torch.tensor(row[key], dtype=dtype) for row in inputs], padding_value=value,
                        padding_side=side).to(device)
 
-        def mask(key, side):
+        def ones(key, side):
             return pad([torch.ones(len(row[key]), dtype=torch.long) for row in inputs], padding_value=0,
                        padding_side=side).to(device)
 
         prompt_ids = padded("prompt_ids", self.processing_class.pad_token_id, "left")
-        prompt_mask = mask("prompt_ids", "left")
+        prompt_mask = ones("prompt_ids", "left")
         completion_ids = padded("completion_ids", self.processing_class.pad_token_id, "right")
-        completion_mask = mask("completion_ids", "right")
+        completion_mask = ones("completion_ids", "right")
+        keep = torch.tensor([row.get("keep", True) for row in inputs], device=device)
+        loss_mask = completion_mask * keep.unsqueeze(1)
+        sampler = padded("sampler_logprobs", 0.0, "right", torch.float32)
+        with torch.no_grad():
+            proximal, _, _ = self._get_per_token_logps_and_entropies(
+                self.model, torch.cat([prompt_ids, completion_ids], dim=1),
+                torch.cat([prompt_mask, completion_mask], dim=1), completion_ids.size(1),
+                batch_size=self.args.per_device_train_batch_size,
+            )
+        t = self.objective
+        ratio = objective.raw_importance_ratio(proximal, sampler, loss_mask, t.is_mode)
+        weights = objective.importance_weights(ratio, t.is_mode, t.is_cap, t.is_floor)
+        self._record_start(inputs, proximal, sampler, ratio, weights, loss_mask)
         batch = {
             "prompt_ids": prompt_ids,
             "prompt_mask": prompt_mask,
             "completion_ids": completion_ids,
             "completion_mask": completion_mask,
+            "loss_mask": loss_mask,
             "advantages": torch.tensor([row["advantage"] for row in inputs], dtype=torch.float32, device=device),
             # Summed over all processes, as TRL does, so dapo's token normalizer is right on several GPUs.
-            "num_items_in_batch": self.accelerator.gather(completion_mask.sum()).sum(),
-            "sampling_per_token_logps": padded("sampler_logprobs", 0.0, "right", torch.float32),
+            "num_items_in_batch": self.accelerator.gather(loss_mask.sum()).sum(),
+            "old_per_token_logps": proximal,
+            "importance_sampling_ratio": weights,
         }
         if self.beta != 0.0:
             batch["ref_per_token_logps"] = padded("ref_logprobs", 0.0, "right", torch.float32)
-        generate_every = self.args.steps_per_generation * self.num_iterations
-        if self.args.gradient_accumulation_steps % generate_every != 0:
-            with torch.no_grad():
-                batch["old_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
-                    self.model,
-                    torch.cat([prompt_ids, completion_ids], dim=1),
-                    torch.cat([prompt_mask, completion_mask], dim=1),
-                    completion_ids.size(1),
-                    batch_size=self.args.per_device_train_batch_size,
-                )
         return batch
 
+    def _record_start(self, inputs, proximal, sampler, ratio, weights, loss_mask):
+        """What the batch looked like before any update: the sampler-vs-trainer gap and the IS weights."""
+        units = loss_mask if ratio.size(1) > 1 else loss_mask.amax(-1, keepdim=True)
+        gap = objective.kl_to_reference(sampler, proximal, "k3")  # KL(sampler || trainer), sampled from the sampler
+        changed = (weights != ratio).float()
+        self.start_metrics = {
+            "sampler_kl": objective.masked_mean(gap, loss_mask),
+            "is_weight_mean": objective.masked_mean(weights, units),
+            "is_weight_max": (weights * units).max().item(),
+            "is_ratio_max": (ratio * units).max().item(),
+            "is_clipped_fraction": objective.masked_mean(changed, units),
+        }
+        lengths = [len(row["completion_ids"]) for row in inputs]
+        self.row_report = {
+            name: [values[:n].tolist() for values, n in zip(tensor, lengths, strict=True)]
+            for name, tensor in (("proximal_logprobs", proximal), ("is_weights", weights.expand_as(proximal)))
+        }
 
-def check_batch(source: Path, table: pa.Table, *, parent: dict, beta: float, expected_rows: int) -> float:
-    """Refuse a rollout batch this update cannot use as is; returns its sampling temperature.
+    def _compute_loss(self, model, inputs):
+        completion_ids = inputs["completion_ids"]
+        logps, entropies, _ = self._get_per_token_logps_and_entropies(
+            model, torch.cat([inputs["prompt_ids"], completion_ids], dim=1),
+            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1), completion_ids.size(1),
+            compute_entropy=True,
+        )
+        mask = inputs["loss_mask"]
+        t = self.objective
+        # TRL's normalizers: dapo divides by this step's share of the generation batch's tokens on all
+        # processes; the others by the accumulation steps (1 here, but kept for multi-GPU launches).
+        accumulation = self.current_gradient_accumulation_steps
+        tokens = (inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+                  * accumulation / self.args.steps_per_generation)
+        terms = objective.grpo_loss(
+            logps, inputs["old_per_token_logps"], inputs["advantages"], inputs["importance_sampling_ratio"],
+            inputs.get("ref_per_token_logps"), mask, beta=self.beta, kl_estimator=t.kl_estimator, eps_low=t.epsilon,
+            eps_high=t.epsilon_high, loss_type=t.loss_type, max_completion_length=self.max_completion_length,
+            token_normalizer=tokens,
+        )
+        metrics = self._metrics["train" if self.model.training else "eval"]
+        if terms.kl is not None:
+            metrics["kl"].append(objective.masked_mean(terms.kl.detach(), mask))
+        metrics["entropy"].append(objective.masked_mean(entropies, mask))
+        metrics["clip_ratio"].append(objective.masked_mean(terms.clipped.float(), mask))
+        return terms.loss if t.loss_type == "dapo" else terms.loss / accumulation
 
-    `parent` is the metadata of the checkpoint training starts from: every rollout must have been sampled
-    by exactly those weights (same version and content hash), since the update is on-policy for them.
-    """
-    for field, key in (("policy_version", "policy_version"), ("policy_hash", "content_hash")):
-        others = sorted({v for v in table[field].to_pylist() if v != parent[key]})
-        if others:
-            raise ContractError(f"{source}: field '{field}': rollouts from {others}, "
-                             f"but training starts from policy {parent['policy_version']} ({parent[key]})")
-    temperatures = sorted(set(table["temperature"].to_pylist()))
-    if len(temperatures) != 1:
-        raise ContractError(f"{source}: field 'temperature': one batch must share one temperature, got {temperatures}")
-    if beta and temperatures != [1.0]:
-        raise ContractError(f"{source}: field 'temperature': the KL term needs rollouts sampled at 1.0 "
-                         f"(reference logprobs are at 1.0), got {temperatures[0]}")
-    if len(table) != expected_rows:
-        raise ContractError(f"{source}: field 'prompt_id': {len(table)} rows, but generate.prompts_per_iteration * "
-                         f"generate.num_generations = {expected_rows}")
-    return temperatures[0]
 
-
-def grpo_config(*, output_dir: str, rollouts: int, train, temperature: float, max_completion_length: int,
-                num_generations: int, seed: int) -> GRPOConfig:
+def grpo_config(*, output_dir: str, rollouts: int, train: TrainConfig, temperature: float,
+                max_completion_length: int, num_generations: int, seed: int) -> GRPOConfig:
     steps_per_generation = rollouts // train.batch_size
     return GRPOConfig(
         output_dir=output_dir,
@@ -118,6 +147,7 @@ def grpo_config(*, output_dir: str, rollouts: int, train, temperature: float, ma
         beta=0.0,
         loss_type=train.loss_type,
         epsilon=train.epsilon,
+        epsilon_high=train.epsilon_high,
         max_grad_norm=train.max_grad_norm,
         seed=seed,
         bf16=train.bf16,

@@ -1,4 +1,8 @@
-"""generate ITER PARENT: sample G completions per prompt from checkpoints/PARENT into data/rollouts/ITER.parquet."""
+"""generate ITER PARENT: sample G completions per prompt from checkpoints/PARENT into data/rollouts/ITER.parquet.
+
+With --weights DIR the sampler runs DIR instead, a copy of PARENT with changed weights (see
+burstrl.policy.mark_derived): rows keep PARENT's version and hash and name DIR's variant in `sampler_weights`.
+"""
 
 from pathlib import Path
 
@@ -7,17 +11,19 @@ from transformers import AutoTokenizer
 
 from burstrl import engine
 from burstrl.contract import ROLLOUT_FIELDS, read_task, write_table
-from burstrl.policy import read_metadata
+from burstrl.policy import read_metadata, read_variant
 from burstrl.stage import parse, stage, write_json
 from burstrl.task import check_fits, draw_prompts
 
 if __name__ == "__main__":
-    args, cfg = parse(__doc__, "iteration", "parent")
+    args, cfg = parse(__doc__, "iteration", "parent", "--weights")
     g = cfg.generate
     metrics: dict = {}
     with stage("generate", metrics):
         policy = Path("checkpoints") / args.parent
         meta = read_metadata(policy)
+        weights = Path(args.weights) if args.weights else policy
+        variant = read_variant(weights, meta) if args.weights else "checkpoint"
         tokenizer = AutoTokenizer.from_pretrained(policy)
         prompts = draw_prompts(read_task(Path("data/task/train.parquet")), g.prompts_per_iteration, seed=cfg.seed,
                                iteration=int(args.iteration))
@@ -25,7 +31,7 @@ if __name__ == "__main__":
         check_fits(prompts, prompt_ids, g.max_tokens, cfg.model.max_len)
         # One seed per prompt: a group can be regenerated alone and come out the same.
         seeds = [cfg.seed * 1_000_003 + int(args.iteration) * 100_003 + pid for pid in prompts["prompt_id"].to_pylist()]
-        with engine.running(policy, cfg.inference, cfg.model.max_len, cfg.seed) as llm:
+        with engine.running(weights, cfg.inference, cfg.model.max_len, cfg.seed) as llm:
             groups = engine.sample(llm, prompt_ids, seeds, n=g.num_generations, temperature=g.temperature,
                                    top_p=g.top_p, max_tokens=g.max_tokens)
 
@@ -42,6 +48,7 @@ if __name__ == "__main__":
             "finish_reason": [s.finish_reason for _, _, s in rows],
             "policy_version": [meta["policy_version"]] * n,
             "policy_hash": [meta["content_hash"]] * n,
+            "sampler_weights": [variant] * n,
             "temperature": [g.temperature] * n,
             "top_p": [g.top_p] * n,
             "seed": [seeds[i] for i in take],
@@ -57,4 +64,4 @@ if __name__ == "__main__":
             "generated_tokens": sum(lengths),
         })
     write_json(Path(f"metrics/generate/{args.iteration}.json"), metrics)
-    print(f"generate {args.iteration}: {n} completions from policy {args.parent} in {metrics['seconds']}s")
+    print(f"generate {args.iteration}: {n} completions from policy {args.parent} ({variant}) in {metrics['seconds']}s")

@@ -1,7 +1,8 @@
 """score ITER: rewards, group-relative advantages and reference logprobs into data/scored/ITER.parquet.
 
 The reference is the frozen bootstrap policy (checkpoints/000), run in vLLM over prompt + completion token
-ids with prompt_logprobs, so its logprobs line up token for token with the sampled completion.
+ids with prompt_logprobs, so its logprobs line up token for token with the sampled completion. With
+train.beta = 0 there is no KL term, so the reference is not run and `ref_logprobs` is null.
 """
 
 from pathlib import Path
@@ -29,11 +30,16 @@ if __name__ == "__main__":
         per_function, rewards = score_table(s.reward_funcs, s.reward_weights, source, rollouts, task_columns,
                                             conversational=s.completion_format == "conversational")
         groups = rollouts["prompt_id"].to_pylist()
-        advantages = group_advantages(rewards, groups, scale=s.scale_rewards)
+        advantages = group_advantages(rewards, groups, baseline=s.advantage_baseline, scale=s.scale_rewards)
 
-        read_metadata(REFERENCE)
-        with engine.running(REFERENCE, cfg.inference, cfg.model.max_len, cfg.seed) as llm:
-            ref = engine.token_logprobs(llm, rollouts["prompt_ids"].to_pylist(), rollouts["completion_ids"].to_pylist())
+        if cfg.train.beta:
+            read_metadata(REFERENCE)
+            with engine.running(REFERENCE, cfg.inference, cfg.model.max_len, cfg.seed) as llm:
+                ref = engine.token_logprobs(llm, rollouts["prompt_ids"].to_pylist(),
+                                            rollouts["completion_ids"].to_pylist())
+        else:
+            print("score: train.beta is 0, so no KL term: skipping reference logprobs (ref_logprobs is null)")
+            ref = [None] * len(rollouts)
 
         scored = (rollouts
                   .append_column("rewards", pa.array(list(zip(*per_function, strict=True)), pa.list_(pa.float32())))
@@ -45,7 +51,8 @@ if __name__ == "__main__":
             present = [v for v in values if v is not None]
             metrics[f"reward/{name}"] = sum(present) / max(1, len(present))
         metrics.update({"reward_mean": sum(rewards) / len(rewards), "rollouts": len(rewards),
-                        "groups": len(set(groups)), "groups_zero_variance": zero_variance_groups(rewards, groups)})
+                        "groups": len(set(groups)), "groups_zero_variance": len(zero_variance_groups(rewards, groups)),
+                        "reference_logprobs": bool(cfg.train.beta)})
     write_json(Path(f"metrics/score/{args.iteration}.json"), metrics)
     print(f"score {args.iteration}: mean reward {metrics['reward_mean']:.3f}, "
           f"{metrics['groups_zero_variance']}/{metrics['groups']} groups without reward variance")

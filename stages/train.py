@@ -1,19 +1,25 @@
-"""train ITER PARENT: one GRPO update of checkpoints/PARENT on data/scored/ITER.parquet -> checkpoints/ITER."""
+"""train ITER PARENT: one GRPO update of checkpoints/PARENT on data/scored/ITER.parquet -> checkpoints/ITER.
+
+Also writes data/weights/ITER.parquet (each row's staleness, whether the loss used it, and its per-token
+proximal logprobs and importance weights) and metrics/train/ITER.json.
+"""
 
 import tempfile
 from pathlib import Path
 
 import datasets
+import pyarrow as pa
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from burstrl.contract import read_scored
+from burstrl.batch import check_batch, select_rows, staleness
+from burstrl.contract import WEIGHT_FIELDS, read_scored, write_table
 from burstrl.policy import publish_policy, read_metadata, staging_dir
 from burstrl.stage import parse, stage, write_json
-from burstrl.trainer import RolloutGRPOTrainer, check_batch, grpo_config
+from burstrl.trainer import RolloutGRPOTrainer, grpo_config
 
 
 def mean_of(history: list[dict], key: str) -> float | None:
-    values = [entry[key] for entry in history if key in entry]
+    values = [entry[key] for entry in history if entry.get(key) is not None]
     return sum(values) / len(values) if values else None
 
 
@@ -25,8 +31,10 @@ if __name__ == "__main__":
         source = Path(f"data/scored/{args.iteration}.parquet")
         table = read_scored(source)
         parent = Path("checkpoints") / args.parent
-        temperature = check_batch(source, table, parent=read_metadata(parent), beta=cfg.train.beta,
-                                  expected_rows=cfg.rollouts_per_iteration)
+        parent_meta = read_metadata(parent)
+        temperature = check_batch(source, table, beta=cfg.train.beta, expected_rows=cfg.rollouts_per_iteration)
+        lags = staleness(source, table, parent_meta)
+        selection = select_rows(table, lags, cfg.train)
         tokenizer = AutoTokenizer.from_pretrained(parent)
         model = AutoModelForCausalLM.from_pretrained(parent)
         tmp = staging_dir(out)
@@ -37,19 +45,28 @@ if __name__ == "__main__":
             args=grpo_config(output_dir=scratch.name, rollouts=len(table), train=cfg.train,
                              temperature=temperature, max_completion_length=cfg.generate.max_tokens,
                              num_generations=cfg.generate.num_generations, seed=cfg.seed),
-            train_dataset=datasets.Dataset(table),
-            beta=cfg.train.beta,
+            train_dataset=datasets.Dataset(table.append_column("keep", pa.array(selection.keep))),
+            train=cfg.train,
         )
         trainer.train()
         history = trainer.state.log_history
-        for key in ("loss", "kl", "entropy", "clip_ratio/region_mean", "grad_norm"):
+        for key in ("loss", "kl", "entropy", "clip_ratio", "grad_norm"):
             value = mean_of(history, key)
             if value is not None:
-                metrics[key.replace("/", "_")] = value
+                metrics[key] = value
+        metrics.update(trainer.start_metrics)
+        metrics.update(selection.counts)
+        metrics["staleness"] = selection.staleness
         metrics["optimizer_steps"] = trainer.state.global_step
+        weights = pa.table({
+            "prompt_id": table["prompt_id"], "sample_index": table["sample_index"], "staleness": lags,
+            "keep": selection.keep, **trainer.row_report,
+        })
+        write_table(weights, WEIGHT_FIELDS, Path(f"data/weights/{args.iteration}.parquet"))
         trainer.model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        publish_policy(tmp, out, version=args.iteration, parent=args.parent, iteration=int(args.iteration))
+        publish_policy(tmp, out, version=args.iteration, parent=parent_meta, iteration=int(args.iteration))
     write_json(Path(f"metrics/train/{args.iteration}.json"), metrics)
-    print(f"train {args.iteration}: {metrics['optimizer_steps']} steps, kl {metrics.get('kl', 0):.4f} "
-          f"in {metrics['seconds']}s")
+    print(f"train {args.iteration}: {metrics['optimizer_steps']} steps on {metrics['rows_kept']}/{len(table)} rows, "
+          f"sampler KL {metrics['sampler_kl']:.4f}, IS weights clipped {metrics['is_clipped_fraction']:.1%}, "
+          f"kl {metrics.get('kl', 0):.4f} in {metrics['seconds']}s")

@@ -6,17 +6,25 @@ import os
 import pytest
 
 from burstrl.contract import ContractError
-from burstrl.policy import check_policy_dir, content_hash, publish_policy, read_metadata, staging_dir
+from burstrl.policy import (
+    check_policy_dir,
+    content_hash,
+    mark_derived,
+    publish_policy,
+    read_metadata,
+    read_variant,
+    staging_dir,
+)
 from burstrl.sync import SyncError, Target, sync_checkpoint
 
 
-def fake_policy(root, name="000", weights=b"w" * 1000):
+def fake_policy(root, name="000", weights=b"w" * 1000, parent=None):
     tmp = staging_dir(root / name)
     (tmp / "config.json").write_text("{}")
     (tmp / "tokenizer_config.json").write_text("{}")
     (tmp / "tokenizer.json").write_text("{}")
     (tmp / "model.safetensors").write_bytes(weights)
-    publish_policy(tmp, root / name, version=name, parent=None, iteration=0)
+    publish_policy(tmp, root / name, version=name, parent=parent, iteration=int(name))
     return root / name
 
 
@@ -31,11 +39,23 @@ def test_policy_without_tokenizer_is_rejected(tmp_path):
 def test_publish_stamps_lineage_and_hash_of_everything_but_metadata(tmp_path):
     policy = fake_policy(tmp_path)
     meta = read_metadata(policy)
-    assert meta == {"policy_version": "000", "parent_version": None, "iteration": 0,
-                    "content_hash": content_hash(policy)}
+    digest = content_hash(policy)
+    assert meta == {"policy_version": "000", "parent_version": None, "iteration": 0, "content_hash": digest,
+                    "lineage": [{"policy_version": "000", "content_hash": digest}]}
     assert not (tmp_path / ".000.tmp").exists()
-    other = fake_policy(tmp_path, "001", weights=b"x" * 1000)
-    assert read_metadata(other)["content_hash"] != meta["content_hash"]
+    child = read_metadata(fake_policy(tmp_path, "001", weights=b"x" * 1000, parent=meta))
+    assert child["content_hash"] != digest
+    assert child["parent_version"] == "000"
+    assert child["lineage"] == [{"policy_version": "001", "content_hash": child["content_hash"]}] + meta["lineage"]
+
+
+def test_derived_copy_must_name_its_source(tmp_path):
+    source = read_metadata(fake_policy(tmp_path))
+    copy = fake_policy(tmp_path, "009", weights=b"q" * 10)
+    mark_derived(copy, source, "w4a16")
+    assert read_variant(copy, source) == "w4a16"
+    with pytest.raises(ContractError, match=r"009/burstrl.json: field 'derived_from'.*must derive from policy 001"):
+        read_variant(copy, {**source, "policy_version": "001"})
 
 
 def test_target_parsing_follows_rsync():

@@ -15,14 +15,27 @@ from burstrl.tinymodel import build_tokenizer
 def test_group_advantages_scaled_matches_hand_computation():
     # group 7: rewards 1,0,0,0 -> mean 0.25, Bessel std sqrt((0.5625 + 3 * 0.0625) / 3) = 0.5
     # group 9: all equal -> zero advantage, no division blow-up
-    adv = group_advantages([1, 0, 0, 0, 2, 2], [7, 7, 7, 7, 9, 9], scale=True)
+    adv = group_advantages([1, 0, 0, 0, 2, 2], [7, 7, 7, 7, 9, 9], scale="group")
     assert adv[0] == pytest.approx(0.75 / 0.5001)
     assert adv[1:4] == pytest.approx([-0.25 / 0.5001] * 3)
     assert adv[4:] == [0.0, 0.0]
 
 
 def test_group_advantages_unscaled_is_centred_reward():
-    assert group_advantages([3, 1, 0, 0], [1, 1, 2, 2], scale=False) == [1.0, -1.0, 0.0, 0.0]
+    assert group_advantages([3, 1, 0, 0], [1, 1, 2, 2], scale="none") == [1.0, -1.0, 0.0, 0.0]
+
+
+def test_leave_one_out_baseline_is_the_mean_of_the_others():
+    # group 1: rewards 3, 0, 0 -> baselines (0+0)/2 = 0 and (3+0)/2 = 1.5 -> advantages 3, -1.5, -1.5
+    adv = group_advantages([3, 0, 0, 2, 2], [1, 1, 1, 2, 2], baseline="leave_one_out", scale="none")
+    assert adv == pytest.approx([3.0, -1.5, -1.5, 0.0, 0.0])
+
+
+def test_batch_scale_divides_by_the_std_of_all_rewards():
+    # rewards 1, 0, 2, 2: mean 1.25, Bessel variance (0.0625 + 1.5625 + 0.5625 * 2) / 3 = 11/12
+    adv = group_advantages([1, 0, 2, 2], [1, 1, 2, 2], scale="batch")
+    std = math.sqrt(11 / 12) + 1e-4
+    assert adv == pytest.approx([0.5 / std, -0.5 / std, 0.0, 0.0])
 
 
 def test_exact_match_strips_whitespace():
@@ -93,7 +106,7 @@ def test_iterations_file_round_trips(tmp_path):
 
 
 def test_zero_variance_groups_counts_groups_without_signal():
-    assert zero_variance_groups([1, 1, 0, 1, 2, 2], [1, 1, 2, 2, 3, 3]) == 2
+    assert zero_variance_groups([1, 1, 0, 1, 2, 2], [1, 1, 2, 2, 3, 3]) == {1, 3}
 
 
 def test_trl_builtin_reward_runs_unchanged_on_conversational_rows():

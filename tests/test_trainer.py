@@ -1,6 +1,5 @@
 """The TRL hook: scored rows become the tensors TRL's GRPO loss expects, and an update moves the right way."""
 
-from pathlib import Path
 
 import datasets
 import pytest
@@ -10,7 +9,7 @@ from conftest import as_table, rollout_rows
 from burstrl.config import TrainConfig
 from burstrl.contract import SCORED_FIELDS
 from burstrl.tinymodel import build_model, build_tokenizer
-from burstrl.trainer import RolloutGRPOTrainer, check_batch, grpo_config
+from burstrl.trainer import RolloutGRPOTrainer, grpo_config
 
 
 def make_trainer(tmp_path, table, **train):
@@ -21,7 +20,7 @@ def make_trainer(tmp_path, table, **train):
     args = grpo_config(output_dir=str(tmp_path), rollouts=len(table), train=cfg, temperature=1.0,
                        max_completion_length=4, num_generations=4, seed=0)
     return RolloutGRPOTrainer(model=model, processing_class=tokenizer, args=args,
-                              train_dataset=datasets.Dataset(table), beta=cfg.beta)
+                              train_dataset=datasets.Dataset(table), train=cfg)
 
 
 def test_rows_become_padded_trl_batch(tmp_path):
@@ -37,19 +36,24 @@ def test_rows_become_padded_trl_batch(tmp_path):
     assert batch["completion_mask"][0].tolist() == [1, 1, 0]
     assert batch["completion_ids"][1].tolist() == [9, 8, 2]
     assert batch["ref_per_token_logps"][1].tolist() == [-2.0] * 3
-    assert batch["sampling_per_token_logps"][0].tolist() == [-0.5, -0.25, 0.0]
+    assert batch["loss_mask"][1].tolist() == [1, 1, 1]
     assert batch["advantages"].tolist() == [r["advantage"] for r in rows]
     assert batch["num_items_in_batch"].item() == 2 * 7 + 3
-    # Two optimizer steps share the batch, so TRL's clipped ratio needs the pre-update logprobs.
     assert batch["old_per_token_logps"].shape == (8, 3)
+    # The trainer never sampled these rows, so every batch gets importance weights pi_old / sampler.
+    expected = torch.exp(batch["old_per_token_logps"][0, :2] - torch.tensor([-0.5, -0.25])).clamp(max=2.0)
+    assert batch["importance_sampling_ratio"][0, :2].tolist() == pytest.approx(expected.tolist())
+    assert trainer.row_report["is_weights"][0] == pytest.approx(expected.tolist())
 
 
-def test_beta_zero_and_single_step_leave_out_ref_and_old_logprobs(tmp_path):
+def test_rows_left_out_get_no_loss_and_no_token_count(tmp_path):
     table = as_table(rollout_rows(groups=2, size=4), SCORED_FIELDS)
     trainer = make_trainer(tmp_path, table, beta=0.0)
-    trainer.args.steps_per_generation = 1  # one optimizer step per batch: the sampler's weights are the trainer's
-    batch = trainer._generate_and_score_completions(table.to_pylist())
-    assert "ref_per_token_logps" not in batch and "old_per_token_logps" not in batch
+    inputs = [{**row, "keep": row["prompt_id"] == 0} for row in table.to_pylist()]
+    batch = trainer._generate_and_score_completions(inputs)
+    assert "ref_per_token_logps" not in batch
+    assert batch["loss_mask"].sum(-1).tolist() == [2] * 4 + [0] * 4
+    assert batch["num_items_in_batch"].item() == 8
 
 
 def sequence_logprob(model, row):
@@ -77,23 +81,3 @@ def test_update_raises_positive_and_lowers_negative_advantage_completions(tmp_pa
 def test_table_with_lists_round_trips_through_datasets():
     table = as_table(rollout_rows(), SCORED_FIELDS)
     assert datasets.Dataset(table)[0]["ref_logprobs"] == pytest.approx([-0.4, -0.3])
-
-
-PARENT = {"policy_version": "000", "content_hash": "abc"}
-
-
-@pytest.mark.parametrize(("change", "message"), [
-    ({"policy_version": "007"}, r"field 'policy_version': rollouts from \['007'\], but training starts from"),
-    ({"policy_hash": "old"}, r"field 'policy_hash': rollouts from \['old'\]"),
-    ({"temperature": 0.7}, "the KL term needs rollouts sampled at 1.0"),
-])
-def test_check_batch_refuses_what_the_update_cannot_use(change, message):
-    rows = rollout_rows()
-    for row in rows:
-        row.update(change)
-    with pytest.raises(ValueError, match=message):
-        check_batch(Path("s.parquet"), as_table(rows, SCORED_FIELDS), parent=PARENT, beta=0.02, expected_rows=4)
-    good = as_table(rollout_rows(), SCORED_FIELDS)
-    assert check_batch(Path("s.parquet"), good, parent=PARENT, beta=0.02, expected_rows=4) == 1.0
-    with pytest.raises(ValueError, match="field 'prompt_id': 4 rows, but"):
-        check_batch(Path("s.parquet"), good, parent=PARENT, beta=0.02, expected_rows=8)

@@ -1,0 +1,105 @@
+"""The GRPO objective on padded (B, T) token tensors: importance weights, KL estimators, clipped surrogate, loss.
+
+docs/objective.md writes the objective out and maps each symbol to a Parquet column or a param. Three
+policies meet here: the sampler mu (whatever vLLM ran: a stale, quantized or fp16 copy), the proximal policy
+pi_old (the trainer's weights when the rollout batch arrives) and pi_theta (the weights being optimized).
+The clipped ratio pi_theta / pi_old is PPO's trust region; the importance weight pi_old / mu corrects for
+having sampled from mu at all, truncated or masked so one improbable token cannot dominate (TRL's vLLM
+importance-sampling correction, verl's TIS/MIS). Functions are pure so tests pin them with hand values.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from burstrl.config import IS_MODES, KL_ESTIMATORS, LOSS_TYPES
+
+
+def kl_to_reference(logps: torch.Tensor, ref_logps: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token estimate of KL(pi_theta || pi_ref) from the sampled token's logprobs (Schulman's k1, k2, k3).
+
+    With r = log pi_ref - log pi_theta: k1 = -r, k2 = r^2 / 2, k3 = exp(r) - r - 1 (unbiased and >= 0).
+    """
+    log_ratio = ref_logps - logps
+    if estimator == "k1":
+        return -log_ratio
+    if estimator == "k2":
+        return 0.5 * log_ratio**2
+    if estimator == "k3":
+        return torch.exp(log_ratio) - log_ratio - 1
+    raise ValueError(f"unknown KL estimator {estimator!r}; expected one of {KL_ESTIMATORS}")
+
+
+def raw_importance_ratio(proximal: torch.Tensor, sampler: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """pi_old / mu per token (B, T), or per sequence (B, 1) for the sequence modes; padding counts as ratio 1."""
+    log_ratio = (proximal - sampler) * mask
+    if mode.startswith("sequence"):
+        log_ratio = log_ratio.sum(-1, keepdim=True)
+    return torch.exp(log_ratio)
+
+
+def importance_weights(ratio: torch.Tensor, mode: str, cap: float, floor: float) -> torch.Tensor:
+    """Truncate the ratio into [floor, cap], or zero it outside that range (the masking variants)."""
+    if mode == "none":
+        return torch.ones_like(ratio)
+    if mode.endswith("truncate"):
+        return ratio.clamp(min=floor, max=cap)
+    if mode.endswith("mask"):
+        return ratio.masked_fill((ratio < floor) | (ratio > cap), 0.0)
+    raise ValueError(f"unknown importance-sampling mode {mode!r}; expected one of {IS_MODES}")
+
+
+def clipped_surrogate(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor, eps_low: float,
+                      eps_high: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's per-token loss -min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A) with rho = pi_theta / pi_old,
+    and where the clip was binding (what clip fraction counts)."""
+    ratio = torch.exp(logps - old_logps)
+    advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+    loss = -torch.min(ratio * advantages, ratio.clamp(1 - eps_low, 1 + eps_high) * advantages)
+    clipped = ((ratio < 1 - eps_low) & (advantages < 0)) | ((ratio > 1 + eps_high) & (advantages > 0))
+    return loss, clipped
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str, *, max_completion_length: int,
+              token_normalizer: torch.Tensor | float) -> torch.Tensor:
+    """Reduce (B, T) to the scalar loss, as TRL names the choices:
+    grpo: mean over sequences of each sequence's token mean; bnpo: mean over this batch's tokens;
+    dr_grpo: sum / (B * max_completion_length); dapo: sum / `token_normalizer` (the optimizer step's tokens)."""
+    total = (per_token * mask).sum()
+    if loss_type == "grpo":
+        return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    if loss_type == "bnpo":
+        return total / mask.sum().clamp(min=1.0)
+    if loss_type == "dr_grpo":
+        return total / (per_token.size(0) * max_completion_length)
+    if loss_type == "dapo":
+        return total / token_normalizer
+    raise ValueError(f"unknown loss type {loss_type!r}; expected one of {LOSS_TYPES}")
+
+
+@dataclass
+class Terms:
+    """The loss and the per-token tensors its metrics are computed from."""
+
+    loss: torch.Tensor
+    kl: torch.Tensor | None
+    clipped: torch.Tensor
+
+
+def grpo_loss(logps, old_logps, advantages, is_weights, ref_logps, mask, *, beta: float, kl_estimator: str,
+              eps_low: float, eps_high: float, loss_type: str, max_completion_length: int,
+              token_normalizer) -> Terms:
+    """L = agg( w * surrogate + beta * KL ): the IS weight scales the policy-gradient term only, as in TRL."""
+    surrogate, clipped = clipped_surrogate(logps, old_logps, advantages, eps_low, eps_high)
+    per_token = surrogate * is_weights
+    kl = None
+    if beta != 0.0:
+        kl = kl_to_reference(logps, ref_logps, kl_estimator)
+        per_token = per_token + beta * kl
+    loss = aggregate(per_token, mask, loss_type, max_completion_length=max_completion_length,
+                     token_normalizer=token_normalizer)
+    return Terms(loss, kl, clipped)
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
+    return ((values * mask).sum() / mask.sum().clamp(min=1.0)).item()

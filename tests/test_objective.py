@@ -1,0 +1,159 @@
+"""The objective's pieces on tiny tensors, and the row selection, against values computed by hand."""
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import as_table, rollout_rows
+
+from burstrl import objective
+from burstrl.batch import check_batch, select_rows, staleness
+from burstrl.config import TrainConfig
+from burstrl.contract import SCORED_FIELDS
+
+LOG = math.log
+
+
+def approx(values):
+    return pytest.approx(values, abs=1e-6)
+
+
+@pytest.mark.parametrize(("estimator", "expected"), [
+    # token 1: pi = 0.5, ref = 0.25, r = log(ref / pi) = -log 2; token 2: pi = 0.25, ref = 0.5, r = log 2
+    ("k1", [LOG(2), -LOG(2)]),
+    ("k2", [LOG(2) ** 2 / 2, LOG(2) ** 2 / 2]),
+    ("k3", [0.5 + LOG(2) - 1, 2 - LOG(2) - 1]),
+])
+def test_kl_estimators(estimator, expected):
+    logps, ref = torch.tensor([[LOG(0.5), LOG(0.25)]]), torch.tensor([[LOG(0.25), LOG(0.5)]])
+    assert objective.kl_to_reference(logps, ref, estimator)[0].tolist() == approx(expected)
+
+
+def test_kl_estimators_vanish_when_policies_agree():
+    logps = torch.tensor([[LOG(0.3), LOG(0.9)]])
+    for estimator in ("k1", "k2", "k3"):
+        assert objective.kl_to_reference(logps, logps.clone(), estimator).abs().max().item() == 0.0
+
+
+# pi_old = 0.5, 0.2 and mu = 0.1, 0.4 on two tokens: ratios 5 and 0.5, their product 2.5.
+PROXIMAL, SAMPLER = torch.tensor([[LOG(0.5), LOG(0.2)]]), torch.tensor([[LOG(0.1), LOG(0.4)]])
+FULL = torch.ones(1, 2)
+
+
+@pytest.mark.parametrize(("mode", "cap", "floor", "expected"), [
+    ("token_truncate", 2.0, 0.0, [[2.0, 0.5]]),
+    ("token_truncate", 2.0, 0.6, [[2.0, 0.6]]),
+    ("token_mask", 2.0, 0.0, [[0.0, 0.5]]),
+    ("token_mask", 2.0, 0.6, [[0.0, 0.0]]),
+    ("token_mask", 6.0, 0.0, [[5.0, 0.5]]),
+    ("sequence_truncate", 2.0, 0.0, [[2.0]]),
+    ("sequence_truncate", 3.0, 0.0, [[2.5]]),
+    ("sequence_mask", 2.0, 0.0, [[0.0]]),
+    ("sequence_mask", 3.0, 0.0, [[2.5]]),
+    ("none", 2.0, 0.0, [[1.0, 1.0]]),
+])
+def test_importance_weight_variants(mode, cap, floor, expected):
+    ratio = objective.raw_importance_ratio(PROXIMAL, SAMPLER, FULL, mode)
+    assert objective.importance_weights(ratio, mode, cap, floor).tolist() == [approx(expected[0])]
+
+
+def test_padding_and_masked_rows_get_ratio_one():
+    mask = torch.tensor([[1.0, 0.0]])
+    assert objective.raw_importance_ratio(PROXIMAL, SAMPLER, mask, "token_truncate").tolist() == [approx([5.0, 1.0])]
+    assert objective.raw_importance_ratio(PROXIMAL, SAMPLER, mask, "sequence_mask").tolist() == [approx([5.0])]
+
+
+def test_clipped_surrogate_takes_the_pessimistic_side():
+    old = torch.zeros(1, 3)
+    logps = torch.tensor([[LOG(1.5), LOG(1.5), LOG(0.5)]])
+    loss, clipped = objective.clipped_surrogate(logps, old, torch.tensor([[1.0, -1.0, -1.0]]), 0.2, 0.2)
+    # A>0, rho 1.5: clipped to 1.2; A<0, rho 1.5: unclipped 1.5 is worse; A<0, rho 0.5: clipped to 0.8
+    assert loss[0].tolist() == approx([-1.2, 1.5, 0.8])
+    assert clipped[0].tolist() == [True, False, True]
+    high, _ = objective.clipped_surrogate(logps[:, :1], old[:, :1], torch.tensor([1.0]), 0.2, 0.28)
+    assert high.item() == pytest.approx(-1.28)
+
+
+@pytest.mark.parametrize(("loss_type", "expected"), [
+    ("grpo", (6 / 3 + 4 / 1) / 2), ("bnpo", 10 / 4), ("dr_grpo", 10 / (2 * 5)), ("dapo", 10 / 8),
+])
+def test_loss_aggregation(loss_type, expected):
+    per_token = torch.tensor([[1.0, 2.0, 3.0], [4.0, 9.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    value = objective.aggregate(per_token, mask, loss_type, max_completion_length=5, token_normalizer=8.0)
+    assert value.item() == pytest.approx(expected)
+
+
+def test_grpo_loss_weights_the_surrogate_and_adds_the_kl():
+    # one token, rho = 1 (logps == old), A = 2: surrogate -2; IS weight 0.5; k1 KL = log(0.5/0.25)
+    logps = torch.tensor([[LOG(0.5)]])
+    terms = objective.grpo_loss(logps, logps.clone(), torch.tensor([2.0]), torch.tensor([[0.5]]),
+                                torch.tensor([[LOG(0.25)]]), torch.ones(1, 1), beta=0.1, kl_estimator="k1",
+                                eps_low=0.2, eps_high=0.2, loss_type="bnpo", max_completion_length=1,
+                                token_normalizer=1.0)
+    assert terms.loss.item() == pytest.approx(-2 * 0.5 + 0.1 * LOG(2))
+
+
+LINEAGE = {"policy_version": "002", "lineage": [
+    {"policy_version": "002", "content_hash": "h2"}, {"policy_version": "001", "content_hash": "h1"},
+    {"policy_version": "000", "content_hash": "h0"},
+]}
+
+
+def stamped(*versions):
+    rows = rollout_rows(groups=len(versions), size=2)
+    for row in rows:
+        version = versions[row["prompt_id"]]
+        row["policy_version"], row["policy_hash"] = version, "h" + str(int(version))
+    return rows
+
+
+def test_staleness_is_the_position_in_the_lineage():
+    assert staleness(Path("s"), as_table(stamped("002", "000"), SCORED_FIELDS), LINEAGE) == [0, 0, 2, 2]
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"policy_hash": "h9"}, r"row 0 \(prompt_id=0, sample_index=0\): field 'policy_hash': h9 is not policy 002's"),
+    ({"policy_version": "007"}, "field 'policy_version': policy 007 is not in the lineage of checkpoint 002"),
+])
+def test_rollouts_outside_the_lineage_stop_the_stage(change, message):
+    rows = stamped("002")
+    rows[0].update(change)
+    with pytest.raises(ValueError, match=message):
+        staleness(Path("s"), as_table(rows, SCORED_FIELDS), LINEAGE)
+
+
+def test_select_rows_counts_each_reason():
+    rows = stamped("002", "001", "000")  # groups 0, 1, 2 with staleness 0, 1, 2
+    for row in rows:
+        row["reward"] = 1.0 if row["prompt_id"] == 1 else float(row["sample_index"])  # group 1 has no variance
+    rows[0]["finish_reason"] = "length"
+    table = as_table(rows, SCORED_FIELDS)
+    lags = [0, 0, 1, 1, 2, 2]
+    default = select_rows(table, lags, TrainConfig(max_staleness=1))
+    assert default.keep == [True, True, True, True, False, False]
+    assert default.staleness == {"0": 2, "1": 2, "2": 2}
+    strict = select_rows(table, lags, TrainConfig(max_staleness=0, drop_zero_variance_groups=True,
+                                                  mask_truncated=True))
+    assert strict.keep == [False, True, False, False, False, False]
+    assert strict.counts == {"rows_kept": 1, "rows_dropped_stale": 4, "rows_dropped_zero_variance": 2,
+                             "rows_masked_truncated": 1}
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"temperature": 0.7}, "the KL term needs rollouts sampled at 1.0"),
+    ({"ref_logprobs": None}, "scored without reference logprobs"),
+])
+def test_check_batch_refuses_what_the_update_cannot_use(change, message):
+    rows = rollout_rows()
+    for row in rows:
+        row.update(change)
+    with pytest.raises(ValueError, match=message):
+        check_batch(Path("s.parquet"), as_table(rows, SCORED_FIELDS), beta=0.02, expected_rows=4)
+    # Without a KL term neither matters; the batch's one temperature comes back.
+    temperature = check_batch(Path("s.parquet"), as_table(rows, SCORED_FIELDS), beta=0.0, expected_rows=4)
+    assert temperature == pytest.approx(rows[0]["temperature"])
+    good = as_table(rollout_rows(), SCORED_FIELDS)
+    with pytest.raises(ValueError, match="field 'prompt_id': 4 rows, but"):
+        check_batch(Path("s.parquet"), good, beta=0.02, expected_rows=8)
