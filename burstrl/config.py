@@ -114,6 +114,9 @@ class TrainConfig:
     """KL coefficient against the precomputed reference logprobs; 0 also makes score skip computing them."""
     kl_estimator: str = "k3"
     """Per-token KL estimator: k1 (log ratio), k2 (half squared log ratio) or k3 (TRL's, unbiased and >= 0)."""
+    kl_ratio_correction: bool = True
+    """Multiply the KL term by pi_theta / pi_old, so its gradient is the unbiased reverse-KL gradient (TRL's
+    use_bias_correction_kl, after DeepSeek-V3.2); the value is unchanged at the first step."""
     loss_type: str = "dapo"
     """Loss aggregation as TRL names it: grpo, bnpo, dr_grpo or dapo."""
     epsilon: float = 0.2

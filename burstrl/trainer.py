@@ -117,7 +117,8 @@ class RolloutGRPOTrainer(GRPOTrainer):
                   * accumulation / self.args.steps_per_generation)
         terms = objective.grpo_loss(
             logps, inputs["old_per_token_logps"], inputs["advantages"], inputs["importance_sampling_ratio"],
-            inputs.get("ref_per_token_logps"), mask, beta=self.beta, kl_estimator=t.kl_estimator, eps_low=t.epsilon,
+            inputs.get("ref_per_token_logps"), mask, beta=self.beta, kl_estimator=t.kl_estimator,
+            kl_ratio_correction=t.kl_ratio_correction, eps_low=t.epsilon,
             eps_high=t.epsilon_high, loss_type=t.loss_type, max_completion_length=self.max_completion_length,
             token_normalizer=tokens,
         )

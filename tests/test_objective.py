@@ -90,6 +90,7 @@ def test_grpo_loss_weights_the_surrogate_and_adds_the_kl():
     logps = torch.tensor([[LOG(0.5)]])
     terms = objective.grpo_loss(logps, logps.clone(), torch.tensor([2.0]), torch.tensor([[0.5]]),
                                 torch.tensor([[LOG(0.25)]]), torch.ones(1, 1), beta=0.1, kl_estimator="k1",
+                                kl_ratio_correction=False,
                                 eps_low=0.2, eps_high=0.2, loss_type="bnpo", max_completion_length=1,
                                 token_normalizer=1.0)
     assert terms.loss.item() == pytest.approx(-2 * 0.5 + 0.1 * LOG(2))
