@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+import yaml
 
 from burstrl.contract import ROLLOUT_FIELDS
 
@@ -32,6 +33,34 @@ def as_table(rows: list[dict], fields=ROLLOUT_FIELDS) -> pa.Table:
     names = [f.name for f in fields] + ["answer"]
     schema = pa.schema(fields + [pa.field("answer", pa.string())])
     return pa.Table.from_pylist([{k: r[k] for k in names} for r in rows], schema=schema)
+
+
+def run(cmd, cwd, env, check=True):
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    if check and done.returncode != 0:
+        pytest.fail(f"{cmd} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return done
+
+
+def scratch_workspace(root: Path, params: dict, env: dict) -> dict:
+    """A git clone-alike of the repository in `root` with `params` merged into params.yaml and one
+    iteration; returns the environment stages run with."""
+    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    for name in files:
+        if (REPO / name).is_file():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, root / name)
+    merged = yaml.safe_load((root / "params.yaml").read_text())
+    for section, values in params.items():
+        merged[section].update(values)
+    (root / "params.yaml").write_text(yaml.safe_dump(merged))
+    (root / "iterations.yaml").write_text('iterations:\n  "001": "000"\n')
+    env = {**os.environ, **env, "DVC_NO_ANALYTICS": "1", "HF_HUB_OFFLINE": "1",
+           "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"}
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
+                ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "ws"]):
+        run(cmd, root, env)
+    return env
 
 
 @pytest.fixture(scope="session")

@@ -8,13 +8,12 @@ train-only param change, and bad inputs that must stop a stage without touching 
 import json
 import os
 import shutil
-import subprocess
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import REPO
+from conftest import run, scratch_workspace
 from safetensors.torch import load_file
 
 from burstrl.contract import ROLLOUT_FIELDS, SCORED_FIELDS, read_rollouts, read_scored, write_table
@@ -29,13 +28,6 @@ SMALL = {
 }
 
 
-def run(cmd, cwd, env, check=True):
-    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
-    if check and done.returncode != 0:
-        pytest.fail(f"{cmd} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    return done
-
-
 def ran_stages(output: str) -> list[str]:
     return sorted(line.split("'")[1] for line in output.splitlines() if line.startswith("Running stage"))
 
@@ -43,22 +35,8 @@ def ran_stages(output: str) -> list[str]:
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory, ssh_server):
     root = tmp_path_factory.mktemp("ws")
-    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
-    for name in files:
-        if (REPO / name).is_file():
-            (root / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / name, root / name)
-    params = yaml.safe_load((root / "params.yaml").read_text())
-    for section, values in SMALL.items():
-        params[section].update(values)
-    params["sync"]["targets"] = [str(root / "inference"), f"{ssh_server['user']}@127.0.0.1:{root / 'remote'}"]
-    (root / "params.yaml").write_text(yaml.safe_dump(params))
-    (root / "iterations.yaml").write_text('iterations:\n  "001": "000"\n')
-    env = {**os.environ, "RSYNC_RSH": ssh_server["rsh"], "DVC_NO_ANALYTICS": "1", "HF_HUB_OFFLINE": "1",
-           "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"}
-    for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
-                ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "ws"]):
-        run(cmd, root, env)
+    targets = [str(root / "inference"), f"{ssh_server['user']}@127.0.0.1:{root / 'remote'}"]
+    env = scratch_workspace(root, {**SMALL, "sync": {"targets": targets}}, {"RSYNC_RSH": ssh_server["rsh"]})
     return root, env
 
 
@@ -95,6 +73,10 @@ def test_full_iteration_produces_contract_files_and_changes_weights(ws):
         assert (base / "current/model.safetensors").read_bytes() == weights
     for stage in ("generate", "score", "train", "eval"):
         assert json.loads((root / f"metrics/{stage}/001.json").read_text())["seconds"] > 0
+    # vLLM sampled with the trainer's own fp32 weights: no gap to correct, every row fresh and kept.
+    train = json.loads((root / "metrics/train/001.json").read_text())
+    assert train["sampler_kl"] < 1e-3 and train["is_clipped_fraction"] == 0
+    assert train["staleness"] == {"0": 32} and train["rows_kept"] == 32
     report = run(["python", "-m", "burstrl.report"], root, env).stdout
     assert report.splitlines()[0].split()[:3] == ["iter", "reward", "heldout_acc"]
     assert [line.split()[0] for line in report.splitlines()[1:]] == ["000", "001"]
