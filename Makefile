@@ -8,6 +8,8 @@ export VLLM_NO_USAGE_STATS := 1
 export TOKENIZERS_PARALLELISM := false
 export VLLM_LOGGING_LEVEL := WARNING
 EXTRA ?= cpu
+# Checkpoints the sampler of a `make iterate` iteration lags the trainer (docs/objective.md, Staleness).
+LAG ?= 0
 
 .PHONY: setup system demo repro iterate report lint test test-fast clean
 
@@ -34,7 +36,7 @@ repro: setup
 	dvc repro
 
 iterate: setup
-	python -m burstrl.iterations add
+	python -m burstrl.iterations add --lag $(LAG)
 	dvc repro
 	python -m burstrl.report
 

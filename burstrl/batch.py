@@ -59,9 +59,10 @@ class Selection:
     staleness: dict[str, int] = field(default_factory=dict)
 
 
-def select_rows(table: pa.Table, lags: list[int], train: TrainConfig) -> Selection:
+def select_rows(source: Path, table: pa.Table, lags: list[int], train: TrainConfig) -> Selection:
     """The rows the loss uses: not staler than train.max_staleness, and by param not in a zero-variance
-    group and not truncated. Counts are per reason, so a row excluded twice is counted under both."""
+    group and not truncated. Counts are per reason, so a row excluded twice is counted under both.
+    A batch with no row left stops the stage rather than publish an untrained checkpoint as trained."""
     groups = table["prompt_id"].to_pylist()
     flat = zero_variance_groups(table["reward"].to_pylist(), groups)
     stale = [lag > train.max_staleness for lag in lags]
@@ -73,4 +74,8 @@ def select_rows(table: pa.Table, lags: list[int], train: TrainConfig) -> Selecti
         histogram[str(lag)] = histogram.get(str(lag), 0) + 1
     counts = {"rows_kept": sum(keep), "rows_dropped_stale": sum(stale),
               "rows_dropped_zero_variance": sum(zero_variance), "rows_masked_truncated": sum(truncated)}
+    if not any(keep):
+        reasons = ", ".join(f"{k}={v}" for k, v in counts.items())
+        raise ContractError(f"{source}: no row left to train on ({reasons}; staleness {histogram}, "
+                            f"train.max_staleness={train.max_staleness})")
     return Selection(keep, counts, dict(sorted(histogram.items(), key=lambda kv: int(kv[0]))))

@@ -34,7 +34,7 @@ if __name__ == "__main__":
         parent_meta = read_metadata(parent)
         temperature = check_batch(source, table, beta=cfg.train.beta, expected_rows=cfg.rollouts_per_iteration)
         lags = staleness(source, table, parent_meta)
-        selection = select_rows(table, lags, cfg.train)
+        selection = select_rows(source, table, lags, cfg.train)
         tokenizer = AutoTokenizer.from_pretrained(parent)
         model = AutoModelForCausalLM.from_pretrained(parent)
         tmp = staging_dir(out)

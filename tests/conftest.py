@@ -54,7 +54,7 @@ def scratch_workspace(root: Path, params: dict, env: dict) -> dict:
     for section, values in params.items():
         merged[section].update(values)
     (root / "params.yaml").write_text(yaml.safe_dump(merged))
-    (root / "iterations.yaml").write_text('iterations:\n  "001": "000"\n')
+    (root / "iterations.yaml").write_text('iterations:\n  "001": {parent: "000", sampler: "000"}\n')
     env = {**os.environ, **env, "DVC_NO_ANALYTICS": "1", "HF_HUB_OFFLINE": "1",
            "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"}
     for cmd in (["git", "init", "-q"], ["git", "add", "-A"],

@@ -132,14 +132,16 @@ def test_select_rows_counts_each_reason():
     rows[0]["finish_reason"] = "length"
     table = as_table(rows, SCORED_FIELDS)
     lags = [0, 0, 1, 1, 2, 2]
-    default = select_rows(table, lags, TrainConfig(max_staleness=1))
+    default = select_rows(Path("s"), table, lags, TrainConfig(max_staleness=1))
     assert default.keep == [True, True, True, True, False, False]
     assert default.staleness == {"0": 2, "1": 2, "2": 2}
-    strict = select_rows(table, lags, TrainConfig(max_staleness=0, drop_zero_variance_groups=True,
+    strict = select_rows(Path("s"), table, lags, TrainConfig(max_staleness=0, drop_zero_variance_groups=True,
                                                   mask_truncated=True))
     assert strict.keep == [False, True, False, False, False, False]
     assert strict.counts == {"rows_kept": 1, "rows_dropped_stale": 4, "rows_dropped_zero_variance": 2,
                              "rows_masked_truncated": 1}
+    with pytest.raises(ValueError, match=r"s: no row left to train on \(rows_kept=0, rows_dropped_stale=4"):
+        select_rows(Path("s"), table.slice(2), lags[2:], TrainConfig(max_staleness=0))
 
 
 @pytest.mark.parametrize(("change", "message"), [

@@ -97,12 +97,17 @@ def test_train_param_change_reruns_train_and_dependents_only(ws):
     assert ran_stages(out) == ["eval@001", "sync@001", "train@001"]
 
 
-def test_adding_an_iteration_runs_exactly_that_iteration(ws):
+def test_adding_a_lagged_iteration_runs_exactly_that_iteration_on_stale_rollouts(ws):
     root, env = ws
-    run(["python", "-m", "burstrl.iterations", "add"], root, env)
+    run(["python", "-m", "burstrl.iterations", "add", "--lag", "1"], root, env)  # 002: train 001, sample 000
     out = run(["dvc", "repro"], root, env).stdout
     assert ran_stages(out) == ["eval@002", "generate@002", "score@002", "sync@002", "train@002"]
+    assert "python stages/generate.py 002 000" in out
     assert json.loads((root / "checkpoints/002/burstrl.json").read_text())["parent_version"] == "001"
+    train = json.loads((root / "metrics/train/002.json").read_text())
+    assert train["staleness"] == {"1": 32} and train["rows_kept"] == 32
+    # The trainer has moved one update away from the sampler; the gap shows, and the weights correct it.
+    assert train["sampler_kl"] > 0 and train["is_weight_mean"] != 1.0
 
 
 def stage_fails(root, env, cmd, message, keep):

@@ -78,12 +78,6 @@ def test_draw_prompts_is_seeded_per_iteration_without_replacement():
         draw_prompts(train, len(train) + 1, seed=0, iteration=1)
 
 
-def test_next_iteration_chains_from_newest():
-    assert with_next({}) == {"001": "000"}
-    assert with_next({"001": "000", "002": "001"}) == {"001": "000", "002": "001", "003": "002"}
-    assert with_next({"009": "008"})["010"] == "009"
-
-
 def test_tokenizer_is_character_level_and_round_trips():
     tok = build_tokenizer()
     ids = tok("12+34=")["input_ids"]
@@ -100,9 +94,17 @@ def test_digit_match_gives_right_aligned_partial_credit():
 
 def test_iterations_file_round_trips(tmp_path):
     path = tmp_path / "iterations.yaml"
-    save({"002": "001", "001": "000"}, path)
-    assert load(path) == {"001": "000", "002": "001"}
-    assert path.read_text().splitlines()[-2:] == ['  "001": "000"', '  "002": "001"']
+    save({"002": {"parent": "001", "sampler": "000"}, "001": {"parent": "000", "sampler": "000"}}, path)
+    assert load(path) == {"001": {"parent": "000", "sampler": "000"}, "002": {"parent": "001", "sampler": "000"}}
+    assert path.read_text().splitlines()[-1] == '  "002": {parent: "001", sampler: "000"}'
+
+
+def test_next_iteration_trains_from_the_newest_and_samples_lag_behind():
+    first = with_next({})
+    assert first == {"001": {"parent": "000", "sampler": "000"}}
+    assert with_next(first, lag=2)["002"] == {"parent": "001", "sampler": "000"}  # never before the bootstrap
+    assert with_next({**first, "009": {"parent": "008", "sampler": "008"}}, lag=1)["010"] == {
+        "parent": "009", "sampler": "008"}
 
 
 def test_zero_variance_groups_counts_groups_without_signal():
