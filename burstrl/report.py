@@ -1,8 +1,9 @@
 """Print the per-iteration table from the metrics files the stages write.
 
 `python -m burstrl.report` shows, for the bootstrap policy and each iteration: mean reward of its rollouts,
-greedy held-out accuracy of the policy it produced, KL to the reference during training, mean completion
-length and seconds per stage. Missing cells are stages that have not run yet.
+greedy held-out accuracy of the policy it produced, KL to the reference during training, KL from the
+sampler to the trainer when training began (the stale/quantized-sampler gap), mean completion length and
+seconds per stage. Missing cells are stages that have not run yet.
 """
 
 import json
@@ -13,6 +14,7 @@ COLUMNS = [
     ("reward", "score", "reward_mean", "{:.3f}"),
     ("heldout_acc", "eval", "heldout_accuracy", "{:.3f}"),
     ("kl_ref", "train", "kl", "{:.4f}"),
+    ("kl_samp", "train", "sampler_kl", "{:.4f}"),
     ("compl_len", "generate", "completion_length_mean", "{:.2f}"),
     ("s_gen", "generate", "seconds", "{:.0f}"),
     ("s_score", "score", "seconds", "{:.0f}"),

@@ -12,6 +12,7 @@ import shutil
 import pyarrow.parquet as pq
 import pytest
 import torch
+import yaml
 from conftest import run, scratch_workspace
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
@@ -81,3 +82,13 @@ def test_mismatched_sampler_is_measured_and_corrected(tmp_path):
     trained = load_file(root / "checkpoints/001/model.safetensors")
     assert all(torch.isfinite(t).all() for t in trained.values())
     assert read_metadata(root / "checkpoints/001")["lineage"][1]["policy_version"] == "000"
+
+    # Without a KL term, score runs no reference engine and says so; train needs no reference logprobs.
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["train"]["beta"] = 0.0
+    (root / "beta0.yaml").write_text(yaml.safe_dump(params))
+    out = run(["python", "stages/score.py", "001", "--params", "beta0.yaml"], root, env).stdout
+    assert "skipping reference logprobs" in out
+    assert pq.read_table(root / "data/scored/001.parquet")["ref_logprobs"].null_count == len(rollouts)
+    run(["python", "stages/train.py", "001", "000", "--params", "beta0.yaml"], root, env)
+    assert "kl" not in json.loads((root / "metrics/train/001.json").read_text())

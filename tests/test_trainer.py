@@ -78,6 +78,17 @@ def test_update_raises_positive_and_lowers_negative_advantage_completions(tmp_pa
     assert after[0] > before[0] and after[1] < before[1]
 
 
+def test_epochs_reuse_one_batch_and_its_proximal_logprobs(tmp_path):
+    table = as_table(rollout_rows(groups=2, size=4), SCORED_FIELDS)
+    trainer = make_trainer(tmp_path, table, beta=0.0, epochs=3, learning_rate=1e-2)
+    calls = []
+    original = trainer._generate_and_score_completions
+    trainer._generate_and_score_completions = lambda inputs: calls.append(len(inputs)) or original(inputs)
+    trainer.train()
+    # 2 steps per pass over 8 rows, 3 passes, and pi_old computed once, before the first update.
+    assert trainer.state.global_step == 6 and calls == [8]
+
+
 def test_table_with_lists_round_trips_through_datasets():
     table = as_table(rollout_rows(), SCORED_FIELDS)
     assert datasets.Dataset(table)[0]["ref_logprobs"] == pytest.approx([-0.4, -0.3])
