@@ -115,8 +115,8 @@ class TrainConfig:
     kl_estimator: str = "k3"
     """Per-token KL estimator: k1 (log ratio), k2 (half squared log ratio) or k3 (TRL's, unbiased and >= 0)."""
     kl_ratio_correction: bool = True
-    """Multiply the KL term by pi_theta / pi_old, so its gradient is the unbiased reverse-KL gradient (TRL's
-    use_bias_correction_kl, after DeepSeek-V3.2); the value is unchanged at the first step."""
+    """Multiply the KL term by pi_theta / pi_old so the k1/k3 gradient is the unbiased reverse-KL gradient (TRL's
+    use_bias_correction_kl, after DeepSeek-V3.2); refused with k2, whose plain gradient already is."""
     loss_type: str = "dapo"
     """Loss aggregation as TRL names it: grpo, bnpo, dr_grpo or dapo."""
     epsilon: float = 0.2
@@ -201,6 +201,9 @@ def load_config(path: Path | str = "params.yaml") -> Config:
             raise ConfigError(f"{path}: {key} is {value!r}, expected one of {', '.join(allowed)}")
     if not 0 <= cfg.train.is_floor <= 1 <= cfg.train.is_cap:
         raise ConfigError(f"{path}: need 0 <= train.is_floor <= 1 <= train.is_cap")
+    if cfg.train.kl_estimator == "k2" and cfg.train.kl_ratio_correction:
+        raise ConfigError(f"{path}: train.kl_estimator k2 already has the reverse-KL gradient; weighting it by "
+                          "pi_theta / pi_old would bias it: set train.kl_ratio_correction to false")
     if cfg.train.max_staleness < 0:
         raise ConfigError(f"{path}: train.max_staleness must be >= 0")
     if len(cfg.score.reward_funcs) != len(cfg.score.reward_weights):

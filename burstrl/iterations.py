@@ -10,9 +10,12 @@ and the train stage corrects for rollouts k versions stale (see docs/objective.m
 """
 
 import argparse
+import sys
 from pathlib import Path
 
 import yaml
+
+from burstrl.config import ConfigError
 
 FILE = Path("iterations.yaml")
 HEADER = (
@@ -31,6 +34,9 @@ def with_next(iterations: dict[str, dict], lag: int = 0) -> dict[str, dict]:
 
 def load(path: Path = FILE) -> dict[str, dict]:
     raw = (yaml.safe_load(path.read_text()) or {}).get("iterations", {})
+    for key, entry in raw.items():
+        if not isinstance(entry, dict) or set(entry) != {"parent", "sampler"}:
+            raise ConfigError(f'{path}: iteration {key}: expected {{parent: "NNN", sampler: "NNN"}}, got {entry!r}')
     return {str(k): {"parent": str(v["parent"]), "sampler": str(v["sampler"])} for k, v in raw.items()}
 
 
@@ -47,7 +53,12 @@ if __name__ == "__main__":
     parser.add_argument("command", choices=["add"])
     parser.add_argument("--lag", type=int, default=0, help="checkpoints the sampler lags the trainer (default 0)")
     args = parser.parse_args()
-    updated = with_next(load(), args.lag)
+    if args.lag < 0:
+        parser.error("--lag must be >= 0: a sampler cannot be newer than the checkpoint training starts from")
+    try:
+        updated = with_next(load(), args.lag)
+    except ConfigError as err:
+        sys.exit(f"iterations: error: {err}")
     save(updated)
     newest = max(updated, key=int)
     print(f"added iteration {newest}: trains from checkpoint {updated[newest]['parent']}, "

@@ -14,6 +14,8 @@ import torch
 
 from burstrl.config import IS_MODES, KL_ESTIMATORS, LOSS_TYPES
 
+MAX_LOG_RATIO = 50.0
+
 
 def kl_to_reference(logps: torch.Tensor, ref_logps: torch.Tensor, estimator: str) -> torch.Tensor:
     """Per-token estimate of KL(pi_theta || pi_ref) from the sampled token's logprobs (Schulman's k1, k2, k3).
@@ -31,11 +33,14 @@ def kl_to_reference(logps: torch.Tensor, ref_logps: torch.Tensor, estimator: str
 
 
 def raw_importance_ratio(proximal: torch.Tensor, sampler: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
-    """pi_old / mu per token (B, T), or per sequence (B, 1) for the sequence modes; padding counts as ratio 1."""
+    """pi_old / mu per token (B, T), or per sequence (B, 1) for the sequence modes; padding counts as ratio 1.
+
+    The log ratio is capped at 50 so a long sequence's product stays finite in float32 (and in the metrics);
+    any cap or floor a user sets is far inside that, so truncation and masking are unchanged."""
     log_ratio = (proximal - sampler) * mask
     if mode.startswith("sequence"):
         log_ratio = log_ratio.sum(-1, keepdim=True)
-    return torch.exp(log_ratio)
+    return torch.exp(log_ratio.clamp(max=MAX_LOG_RATIO))
 
 
 def importance_weights(ratio: torch.Tensor, mode: str, cap: float, floor: float) -> torch.Tensor:
@@ -65,15 +70,15 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str, *, ma
     """Reduce (B, T) to the scalar loss, as TRL names the choices:
     grpo: mean over sequences of each sequence's token mean; bnpo: mean over this batch's tokens;
     dr_grpo: sum / (B * max_completion_length); dapo: sum / `token_normalizer` (the optimizer step's tokens)."""
-    total = (per_token * mask).sum()
+    masked = per_token * mask
     if loss_type == "grpo":
-        return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+        return (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
     if loss_type == "bnpo":
-        return total / mask.sum().clamp(min=1.0)
+        return masked.sum() / mask.sum().clamp(min=1.0)
     if loss_type == "dr_grpo":
-        return total / (per_token.size(0) * max_completion_length)
+        return masked.sum() / (per_token.size(0) * max_completion_length)
     if loss_type == "dapo":
-        return total / token_normalizer
+        return masked.sum() / token_normalizer
     raise ValueError(f"unknown loss type {loss_type!r}; expected one of {LOSS_TYPES}")
 
 

@@ -86,6 +86,8 @@ def mark_derived(directory: Path, source: dict, variant: str) -> None:
     """Label `directory` as a copy of the policy `source` (its metadata) with changed weights: quantized for
     an inference box, or perturbed in tests. Rollouts it samples carry `source`'s version and hash."""
     check_policy_dir(directory)
+    if (directory / METADATA).is_file() and "lineage" in json.loads((directory / METADATA).read_text()):
+        raise ContractError(f"{directory / METADATA}: is a checkpoint's own metadata; derive into a copy")
     meta = {"derived_from": {k: source[k] for k in ("policy_version", "content_hash")}, "variant": variant}
     (directory / METADATA).write_text(json.dumps(meta, indent=2) + "\n")
 
@@ -94,11 +96,16 @@ def read_variant(directory: Path, source: dict) -> str:
     """The variant label of a copy made by `mark_derived`, checked to derive from `source`."""
     check_policy_dir(directory)
     path = directory / METADATA
-    meta = json.loads(path.read_text()) if path.is_file() else {}
+    try:
+        meta = json.loads(path.read_text()) if path.is_file() else {}
+    except json.JSONDecodeError as err:
+        raise ContractError(f"{path}: not valid JSON: {err}") from err
     origin = meta.get("derived_from", {})
     if (origin.get("policy_version"), origin.get("content_hash")) != (source["policy_version"], source["content_hash"]):
         raise ContractError(f"{path}: field 'derived_from': {origin or 'missing'}; sampling weights must derive "
                             f"from policy {source['policy_version']} ({source['content_hash']})")
+    if not isinstance(meta.get("variant"), str):
+        raise ContractError(f"{path}: field 'variant': missing; a derived copy names what changed")
     return meta["variant"]
 
 

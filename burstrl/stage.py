@@ -24,7 +24,7 @@ def write_json(path: Path, data: dict) -> None:
 def parse(description: str, *names: str) -> tuple[argparse.Namespace, Config]:
     parser = argparse.ArgumentParser(description=description)
     for name in names:
-        parser.add_argument(name, help="a directory" if name.startswith("--") else None)
+        parser.add_argument(name)
     parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
     args = parser.parse_args()
     try:

@@ -31,7 +31,7 @@ class RolloutGRPOTrainer(GRPOTrainer):
     def __init__(self, *, train: TrainConfig, **kwargs):
         super().__init__(reward_funcs=[_precomputed], **kwargs)
         self.beta = train.beta
-        self.objective = train
+        self.train_config = train
         self.start_metrics: dict = {}
         self.row_report: dict = {}
 
@@ -63,10 +63,11 @@ class RolloutGRPOTrainer(GRPOTrainer):
                 torch.cat([prompt_mask, completion_mask], dim=1), completion_ids.size(1),
                 batch_size=self.args.per_device_train_batch_size,
             )
-        t = self.objective
-        ratio = objective.raw_importance_ratio(proximal, sampler, loss_mask, t.is_mode)
+        t = self.train_config
+        # Left-out rows get their true weights too, for data/weights; the loss mask silences them.
+        ratio = objective.raw_importance_ratio(proximal, sampler, completion_mask, t.is_mode)
         weights = objective.importance_weights(ratio, t.is_mode, t.is_cap, t.is_floor)
-        self._record_start(inputs, proximal, sampler, ratio, weights, loss_mask)
+        self._record_start(inputs, proximal, sampler, ratio, weights, loss_mask, t.is_mode)
         batch = {
             "prompt_ids": prompt_ids,
             "prompt_mask": prompt_mask,
@@ -83,11 +84,11 @@ class RolloutGRPOTrainer(GRPOTrainer):
             batch["ref_per_token_logps"] = padded("ref_logprobs", 0.0, "right", torch.float32)
         return batch
 
-    def _record_start(self, inputs, proximal, sampler, ratio, weights, loss_mask):
+    def _record_start(self, inputs, proximal, sampler, ratio, weights, loss_mask, mode):
         """What the batch looked like before any update: the sampler-vs-trainer gap and the IS weights."""
         units = loss_mask if ratio.size(1) > 1 else loss_mask.amax(-1, keepdim=True)
         gap = objective.kl_to_reference(sampler, proximal, "k3")  # KL(sampler || trainer), sampled from the sampler
-        changed = (weights != ratio).float()
+        changed = torch.zeros_like(ratio) if mode == "none" else (weights != ratio).float()
         self.start_metrics = {
             "sampler_kl": objective.masked_mean(gap, loss_mask),
             "is_weight_mean": objective.masked_mean(weights, units),
@@ -109,9 +110,10 @@ class RolloutGRPOTrainer(GRPOTrainer):
             compute_entropy=True,
         )
         mask = inputs["loss_mask"]
-        t = self.objective
-        # TRL's normalizers: dapo divides by this step's share of the generation batch's tokens on all
-        # processes; the others by the accumulation steps (1 here, but kept for multi-GPU launches).
+        t = self.train_config
+        # TRL's normalizers, kept term for term so the equivalence test holds for any accumulation and process
+        # count: dapo divides by this step's share of the generation batch's tokens on all processes, the
+        # others by the accumulation steps.
         accumulation = self.current_gradient_accumulation_steps
         tokens = (inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
                   * accumulation / self.args.steps_per_generation)

@@ -58,14 +58,14 @@ if __name__ == "__main__":
         metrics.update(selection.counts)
         metrics["staleness"] = selection.staleness
         metrics["optimizer_steps"] = trainer.state.global_step
+        trainer.model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        publish_policy(tmp, out, version=args.iteration, parent=parent_meta, iteration=int(args.iteration))
         weights = pa.table({
             "prompt_id": table["prompt_id"], "sample_index": table["sample_index"], "staleness": lags,
             "keep": selection.keep, **trainer.row_report,
         })
         write_table(weights, WEIGHT_FIELDS, Path(f"data/weights/{args.iteration}.parquet"))
-        trainer.model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        publish_policy(tmp, out, version=args.iteration, parent=parent_meta, iteration=int(args.iteration))
     write_json(Path(f"metrics/train/{args.iteration}.json"), metrics)
     print(f"train {args.iteration}: {metrics['optimizer_steps']} steps on {metrics['rows_kept']}/{len(table)} rows, "
           f"sampler KL {metrics['sampler_kl']:.4f}, IS weights clipped {metrics['is_clipped_fraction']:.1%}, "

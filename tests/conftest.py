@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+import torch
 import yaml
 
 from burstrl.contract import ROLLOUT_FIELDS
@@ -27,6 +28,14 @@ def rollout_rows(groups: int = 2, size: int = 2) -> list[dict]:
                 "rewards": [float(k)], "reward": float(k), "advantage": float(k) - 0.5, "ref_logprobs": [-0.4, -0.3],
             })
     return rows
+
+
+def completion_logprobs(model, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+    """log pi(completion token | prefix) by a plain forward pass: the hand computation tests compare with."""
+    ids = torch.tensor([prompt_ids + completion_ids])
+    with torch.no_grad():
+        logps = torch.log_softmax(model(ids).logits[0, :-1].float(), -1).gather(-1, ids[0, 1:, None])[:, 0]
+    return logps[-len(completion_ids):].tolist()
 
 
 def as_table(rows: list[dict], fields=ROLLOUT_FIELDS) -> pa.Table:

@@ -26,6 +26,10 @@ def test_params_yaml_loads_into_typed_config():
     ({"generate": {"num_generations": 1}}, "num_generations must be >= 2"),
     ({"score": {"reward_weights": [1.0]}}, "same length"),
     ({"train": {"nonsense": 1}}, "nonsense"),
+    ({"train": {"is_mode": "token"}}, "train.is_mode is 'token', expected one of token_truncate, token_mask"),
+    ({"score": {"scale_rewards": True}}, "score.scale_rewards is 'True', expected one of group, batch, none"),
+    ({"train": {"kl_estimator": "k2"}}, "would bias it: set train.kl_ratio_correction to false"),
+    ({"train": {"is_cap": 0.5}}, "need 0 <= train.is_floor <= 1 <= train.is_cap"),
 ])
 def test_bad_params_are_named(tmp_path, change, message):
     params = yaml.safe_load((REPO / "params.yaml").read_text())

@@ -11,6 +11,7 @@ import datasets
 import pyarrow as pa
 import pytest
 import torch
+from conftest import completion_logprobs
 from trl import GRPOConfig, GRPOTrainer
 
 from burstrl.advantages import group_advantages
@@ -41,13 +42,6 @@ class ReplayedSampler(GRPOTrainer):
         return completions, logprobs
 
 
-def completion_logps(model, prompt_ids, completion_ids):
-    ids = torch.tensor([prompt_ids + completion_ids])
-    with torch.no_grad():
-        logps = torch.log_softmax(model(ids).logits[0, :-1], -1).gather(-1, ids[0, 1:, None])[:, 0]
-    return logps[-len(completion_ids):].tolist()
-
-
 def make_batch(tokenizer, prompt_ids, policy, reference):
     """Two groups of G distinct completions (one cut off without EOS), rewards, and sampler logprobs that
     stray from the trainer's enough that some importance weights hit the cap."""
@@ -59,14 +53,14 @@ def make_batch(tokenizer, prompt_ids, policy, reference):
             body = [digits[(3 * pid + k) % 10], digits[(k * 7 + 1) % 10]]
             completion = body + [digits[k]] * 2 if k == 3 else body + [tokenizer.eos_token_id]
             noise = torch.rand(len(completion), generator=gen) * 2 - 1  # ratios pi_old / mu in [1/e, e]
-            sampler = (torch.tensor(completion_logps(policy, ids, completion)) + noise).clamp(max=0.0).tolist()
+            sampler = (torch.tensor(completion_logprobs(policy, ids, completion)) + noise).clamp(max=0.0).tolist()
             rows.append({
                 "prompt_id": pid, "sample_index": k, "prompt": PROMPTS[pid], "prompt_ids": ids,
                 "completion": tokenizer.decode(completion, skip_special_tokens=True), "completion_ids": completion,
                 "sampler_logprobs": sampler, "finish_reason": "length" if k == 3 else "stop",
                 "policy_version": "000", "policy_hash": "h", "sampler_weights": "checkpoint", "temperature": 1.0,
                 "top_p": 1.0, "seed": pid, "rewards": [float(k % 3)], "reward": float(k % 3),
-                "ref_logprobs": completion_logps(reference, ids, completion),
+                "ref_logprobs": completion_logprobs(reference, ids, completion),
             })
     return rows
 

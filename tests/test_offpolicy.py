@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
-from conftest import run, scratch_workspace
+from conftest import completion_logprobs, run, scratch_workspace
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
@@ -31,20 +31,13 @@ NOISE = 0.3  # relative to each weight tensor's std: enough to move the sampler 
 
 
 def perturbed_copy(source, target):
-    shutil.copytree(source, target)
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("burstrl.json"))
     weights = load_file(target / "model.safetensors")
     gen = torch.Generator().manual_seed(7)
     noisy = {name: w + NOISE * w.float().std().nan_to_num() * torch.randn(w.shape, generator=gen) if w.ndim > 1 else w
              for name, w in weights.items()}
     save_file(noisy, target / "model.safetensors", metadata={"format": "pt"})
     mark_derived(target, read_metadata(source), f"perturbed-{NOISE}")
-
-
-def trainer_logprobs(model, prompt_ids, completion_ids):
-    ids = torch.tensor([prompt_ids + completion_ids])
-    with torch.no_grad():
-        logps = torch.log_softmax(model(ids).logits[0, :-1].float(), -1).gather(-1, ids[0, 1:, None])[:, 0]
-    return logps[-len(completion_ids):].tolist()
 
 
 def test_mismatched_sampler_is_measured_and_corrected(tmp_path):
@@ -67,7 +60,7 @@ def test_mismatched_sampler_is_measured_and_corrected(tmp_path):
     policy = AutoModelForCausalLM.from_pretrained(root / "checkpoints/000").eval()
     gaps, hand_weights = [], []
     for row in rollouts:
-        proximal = trainer_logprobs(policy, row["prompt_ids"], row["completion_ids"])
+        proximal = completion_logprobs(policy, row["prompt_ids"], row["completion_ids"])
         for p, s in zip(proximal, row["sampler_logprobs"], strict=True):
             gaps.append(math.exp(p - s) - (p - s) - 1)
         hand_weights.append([min(math.exp(p - s), 1.5) for p, s in zip(proximal, row["sampler_logprobs"], strict=True)])

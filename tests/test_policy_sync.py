@@ -52,6 +52,9 @@ def test_publish_stamps_lineage_and_hash_of_everything_but_metadata(tmp_path):
 def test_derived_copy_must_name_its_source(tmp_path):
     source = read_metadata(fake_policy(tmp_path))
     copy = fake_policy(tmp_path, "009", weights=b"q" * 10)
+    with pytest.raises(ContractError, match="009/burstrl.json: is a checkpoint's own metadata"):
+        mark_derived(copy, source, "w4a16")
+    (copy / "burstrl.json").unlink()
     mark_derived(copy, source, "w4a16")
     assert read_variant(copy, source) == "w4a16"
     with pytest.raises(ContractError, match=r"009/burstrl.json: field 'derived_from'.*must derive from policy 001"):

@@ -107,6 +107,13 @@ def test_next_iteration_trains_from_the_newest_and_samples_lag_behind():
         "parent": "009", "sampler": "008"}
 
 
+def test_old_or_broken_iteration_entries_are_named(tmp_path):
+    path = tmp_path / "iterations.yaml"
+    path.write_text('iterations:\n  "001": "000"\n')
+    with pytest.raises(ValueError, match=r"iterations.yaml: iteration 001: expected \{parent: \"NNN\", sampler"):
+        load(path)
+
+
 def test_zero_variance_groups_counts_groups_without_signal():
     assert zero_variance_groups([1, 1, 0, 1, 2, 2], [1, 1, 2, 2, 3, 3]) == {1, 3}
 

@@ -1,6 +1,5 @@
 """The TRL hook: scored rows become the tensors TRL's GRPO loss expects, and an update moves the right way."""
 
-
 import datasets
 import pytest
 import torch
@@ -54,6 +53,19 @@ def test_rows_left_out_get_no_loss_and_no_token_count(tmp_path):
     assert "ref_per_token_logps" not in batch
     assert batch["loss_mask"].sum(-1).tolist() == [2] * 4 + [0] * 4
     assert batch["num_items_in_batch"].item() == 8
+    # A left-out row still shows its true weights in data/weights, for inspection.
+    expected = torch.exp(batch["old_per_token_logps"][4, :2] - torch.tensor([-0.5, -0.25])).clamp(max=2.0)
+    assert trainer.row_report["is_weights"][4] == pytest.approx(expected.tolist())
+    assert expected.sub(1).abs().max() > 0.01
+
+
+def test_no_importance_weighting_reports_nothing_clipped(tmp_path):
+    table = as_table(rollout_rows(groups=2, size=4), SCORED_FIELDS)
+    trainer = make_trainer(tmp_path, table, beta=0.0, is_mode="none")
+    batch = trainer._generate_and_score_completions(table.to_pylist())
+    assert batch["importance_sampling_ratio"].unique().tolist() == [1.0]
+    assert trainer.start_metrics["is_clipped_fraction"] == 0.0
+    assert trainer.start_metrics["sampler_kl"] > 0.1  # the gap is still measured
 
 
 def sequence_logprob(model, row):
