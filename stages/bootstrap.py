@@ -14,7 +14,7 @@ from burstrl.contract import read_task
 from burstrl.evaluate import heldout_accuracy
 from burstrl.policy import publish_policy, staging_dir
 from burstrl.sft import encode_pairs, supervised_finetune
-from burstrl.stage import parse, stage, write_json
+from burstrl.stage import finish, parse, stage, write_json
 from burstrl.tinymodel import build_model, build_tokenizer, save_policy
 
 OUT = Path("checkpoints/000")
@@ -50,3 +50,4 @@ if __name__ == "__main__":
     write_json(Path("metrics/bootstrap.json"), metrics)
     write_json(Path("metrics/eval/000.json"), {**accuracy, "policy_version": "000"})
     print(f"bootstrap: {metrics['parameters']} parameters, held-out accuracy {accuracy['heldout_accuracy']:.3f}")
+    finish()

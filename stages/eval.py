@@ -8,7 +8,7 @@ from burstrl import engine
 from burstrl.contract import read_task
 from burstrl.evaluate import heldout_accuracy
 from burstrl.policy import read_metadata
-from burstrl.stage import parse, stage, write_json
+from burstrl.stage import finish, parse, stage, write_json
 
 if __name__ == "__main__":
     args, cfg = parse(__doc__, "iteration")
@@ -23,3 +23,4 @@ if __name__ == "__main__":
         metrics["policy_version"] = meta["policy_version"]
     write_json(Path(f"metrics/eval/{args.iteration}.json"), metrics)
     print(f"eval {args.iteration}: held-out accuracy {metrics['heldout_accuracy']:.3f}")
+    finish()

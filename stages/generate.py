@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 from burstrl import engine
 from burstrl.contract import ROLLOUT_FIELDS, read_task, write_table
 from burstrl.policy import read_metadata, read_variant
-from burstrl.stage import parse, stage, write_json
+from burstrl.stage import finish, parse, stage, write_json
 from burstrl.task import check_fits, draw_prompts
 
 if __name__ == "__main__":
@@ -65,3 +65,4 @@ if __name__ == "__main__":
         })
     write_json(Path(f"metrics/generate/{args.iteration}.json"), metrics)
     print(f"generate {args.iteration}: {n} completions from policy {args.parent} ({variant}) in {metrics['seconds']}s")
+    finish()

@@ -14,7 +14,7 @@ from burstrl.advantages import group_advantages, zero_variance_groups
 from burstrl.contract import ROLLOUT_FIELDS, SCORED_FIELDS, read_rollouts, write_table
 from burstrl.policy import read_metadata
 from burstrl.rewards import score_table
-from burstrl.stage import parse, stage, write_json
+from burstrl.stage import finish, parse, stage, write_json
 
 REFERENCE = Path("checkpoints/000")
 
@@ -56,3 +56,4 @@ if __name__ == "__main__":
     write_json(Path(f"metrics/score/{args.iteration}.json"), metrics)
     print(f"score {args.iteration}: mean reward {metrics['reward_mean']:.3f}, "
           f"{metrics['groups_zero_variance']}/{metrics['groups']} groups without reward variance")
+    finish()
