@@ -24,11 +24,15 @@ $(VENV)/.installed-$(EXTRA): pyproject.toml
 
 setup: $(VENV)/.installed-$(EXTRA)
 
-# rsync and an SSH server (sync stage, its tests); installed when root and missing.
+# rsync and an SSH server (sync stage, its tests), Chromium (the report's screenshot test); installed when
+# root and missing.
 system:
-	@if ! command -v rsync >/dev/null || ! command -v ssh-keygen >/dev/null || [ ! -x /usr/sbin/sshd ]; then \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq rsync openssh-server openssh-client; \
-	  else echo "install rsync and openssh-server (Debian: apt-get install rsync openssh-server)"; exit 1; fi; fi
+	@if ! command -v rsync >/dev/null || ! command -v ssh-keygen >/dev/null || [ ! -x /usr/sbin/sshd ] \
+	    || ! command -v chromium >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rsync openssh-server openssh-client chromium; \
+	  else echo "install rsync, openssh-server and chromium (Debian: apt-get install rsync openssh-server chromium)"; \
+	    exit 1; fi; fi
 
 demo: setup system repro report
 

@@ -158,6 +158,14 @@ class SyncConfig:
 
 
 @dataclass
+class CostConfig:
+    train_usd_per_hour: float = 3.5
+    """Rent of the training GPU per hour (an on-demand H200 costs about $3-4); charged for train seconds."""
+    inference_usd_per_hour: float = 0.05
+    """Running cost of the inference boxes per hour (power); charged for generate, score, eval and sync."""
+
+
+@dataclass
 class Config:
     seed: int = 0
     """Seeds task splits, prompt draws, sampling and training."""
@@ -170,6 +178,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
+    cost: CostConfig = field(default_factory=CostConfig)
 
     @property
     def rollouts_per_iteration(self) -> int:

@@ -56,7 +56,7 @@ def sample(llm, prompt_ids: list[list[int]], seeds: list[int], *, n: int, temper
         SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0, seed=s)
         for s in seeds
     ]
-    outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
+    outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=True)
     groups = []
     for out in outputs:
         group = []
@@ -73,7 +73,7 @@ def greedy(llm, prompt_ids: list[list[int]], max_tokens: int) -> list[str]:
     from vllm import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
+    outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=True)
     return [out.outputs[0].text for out in outputs]
 
 
@@ -83,7 +83,7 @@ def token_logprobs(llm, prompt_ids: list[list[int]], completion_ids: list[list[i
 
     params = SamplingParams(max_tokens=1, prompt_logprobs=0)
     seqs = [{"prompt_token_ids": p + c} for p, c in zip(prompt_ids, completion_ids, strict=True)]
-    outputs = llm.generate(seqs, params, use_tqdm=False)
+    outputs = llm.generate(seqs, params, use_tqdm=True)
     result = []
     for out, comp in zip(outputs, completion_ids, strict=True):
         tail = out.prompt_logprobs[len(out.prompt_logprobs) - len(comp):]

@@ -1,50 +1,38 @@
-"""Print the per-iteration table from the metrics files the stages write.
+"""Print the run's history as a table: `python -m burstrl.report`.
 
-`python -m burstrl.report` shows, for the bootstrap policy and each iteration: mean reward of its rollouts,
-greedy held-out accuracy of the policy it produced, KL to the reference during training, KL from the
-sampler to the trainer when training began (the stale/quantized-sampler gap), mean completion length and
-seconds per stage. Missing cells are stages that have not run yet.
+One row for the bootstrap policy and each iteration: mean reward of its rollouts, greedy held-out accuracy
+of the policy it produced, KL to the reference during training, KL from the sampler to the trainer when
+training began (the stale/quantized-sampler gap), mean completion length, seconds per stage and cost.
+Missing cells are stages that have not run yet. The report stage draws the same history as charts.
 """
 
-import json
 from pathlib import Path
 
+from burstrl.config import load_config
+from burstrl.history import collect
+
 COLUMNS = [
-    ("iter", None, None, "{}"),
-    ("reward", "score", "reward_mean", "{:.3f}"),
-    ("heldout_acc", "eval", "heldout_accuracy", "{:.3f}"),
-    ("kl_ref", "train", "kl", "{:.4f}"),
-    ("kl_samp", "train", "sampler_kl", "{:.4f}"),
-    ("compl_len", "generate", "completion_length_mean", "{:.2f}"),
-    ("s_gen", "generate", "seconds", "{:.0f}"),
-    ("s_score", "score", "seconds", "{:.0f}"),
-    ("s_train", "train", "seconds", "{:.0f}"),
-    ("s_eval", "eval", "seconds", "{:.0f}"),
+    ("iter", "iteration", "{}"),
+    ("reward", "reward_mean", "{:.3f}"),
+    ("heldout_acc", "heldout_accuracy", "{:.3f}"),
+    ("kl_ref", "kl_ref", "{:.4f}"),
+    ("kl_samp", "sampler_kl", "{:.4f}"),
+    ("compl_len", "completion_length", "{:.2f}"),
+    ("s_gen", "seconds_generate", "{:.0f}"),
+    ("s_score", "seconds_score", "{:.0f}"),
+    ("s_train", "seconds_train", "{:.0f}"),
+    ("s_eval", "seconds_eval", "{:.0f}"),
+    ("usd", "cost_usd", "{:.4f}"),
 ]
 
 
-def rows(metrics_dir: Path) -> list[list[str]]:
-    versions = sorted({p.stem for p in metrics_dir.glob("*/*.json")}, key=int)
-    table = []
-    for version in versions:
-        row = []
-        for _, stage, key, fmt in COLUMNS:
-            if stage is None:
-                row.append(version)
-                continue
-            path = metrics_dir / stage / f"{version}.json"
-            value = json.loads(path.read_text()).get(key) if path.exists() else None
-            row.append(fmt.format(value) if value is not None else "-")
-        table.append(row)
-    return table
-
-
-def render(table: list[list[str]]) -> str:
-    header = [name for name, *_ in COLUMNS]
+def render(rows: list[dict]) -> str:
+    header = [name for name, _, _ in COLUMNS]
+    table = [[fmt.format(r[key]) if r.get(key) is not None else "-" for _, key, fmt in COLUMNS] for r in rows]
     widths = [max(len(r[i]) for r in [header, *table]) for i in range(len(header))]
-    lines = ["  ".join(cell.rjust(w) for cell, w in zip(r, widths, strict=True)) for r in [header, *table]]
-    return "\n".join(lines)
+    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(r, widths, strict=True)) for r in [header, *table])
 
 
 if __name__ == "__main__":
-    print(render(rows(Path("metrics"))))
+    cfg = load_config()
+    print(render(collect(Path("metrics"), Path("data/sync"), cfg.cost)))

@@ -87,7 +87,8 @@ class RolloutGRPOTrainer(GRPOTrainer):
     def _record_start(self, inputs, proximal, sampler, ratio, weights, loss_mask, mode):
         """What the batch looked like before any update: the sampler-vs-trainer gap and the IS weights."""
         units = loss_mask if ratio.size(1) > 1 else loss_mask.amax(-1, keepdim=True)
-        gap = objective.kl_to_reference(sampler, proximal, "k3")  # KL(sampler || trainer), sampled from the sampler
+        # KL(sampler || trainer) from the sampler's own tokens; k3 is >= 0, the clamp only removes float round-off.
+        gap = objective.kl_to_reference(sampler, proximal, "k3").clamp(min=0.0)
         changed = torch.zeros_like(ratio) if mode == "none" else (weights != ratio).float()
         self.start_metrics = {
             "sampler_kl": objective.masked_mean(gap, loss_mask),
@@ -159,5 +160,5 @@ def grpo_config(*, output_dir: str, rollouts: int, train: TrainConfig, temperatu
         logging_steps=1,
         save_strategy="no",
         report_to="none",
-        disable_tqdm=True,
+        disable_tqdm=False,
     )

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import datasets
 import pyarrow as pa
+from dvclive import Live
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.integrations import DVCLiveCallback
 
 from burstrl.batch import check_batch, select_rows, staleness
 from burstrl.contract import WEIGHT_FIELDS, read_scored, write_table
@@ -39,6 +41,9 @@ if __name__ == "__main__":
         model = AutoModelForCausalLM.from_pretrained(parent)
         tmp = staging_dir(out)
         scratch = tempfile.TemporaryDirectory(prefix="burstrl-train-")
+        # Step-level curves (loss, KL, entropy, clip ratio per optimizer step) for `dvc plots show`;
+        # dvcyaml=None keeps DVCLive from editing dvc.yaml, which declares these files itself.
+        live = Live(dir=f"dvclive/train/{args.iteration}", dvcyaml=None, save_dvc_exp=False)
         trainer = RolloutGRPOTrainer(
             model=model,
             processing_class=tokenizer,
@@ -47,6 +52,7 @@ if __name__ == "__main__":
                              num_generations=cfg.generate.num_generations, seed=cfg.seed),
             train_dataset=datasets.Dataset(table.append_column("keep", pa.array(selection.keep))),
             train=cfg.train,
+            callbacks=[DVCLiveCallback(live=live)],
         )
         trainer.train()
         history = trainer.state.log_history

@@ -44,7 +44,7 @@ def test_full_iteration_produces_contract_files_and_changes_weights(ws):
     root, env = ws
     out = run(["dvc", "repro"], root, env).stdout
     assert ran_stages(out) == sorted(["prepare", "bootstrap", "generate@001", "score@001", "train@001",
-                                      "eval@001", "sync@001"])
+                                      "eval@001", "sync@001", "report"])
     rollouts = read_rollouts(root / "data/rollouts/001.parquet")
     assert rollouts.num_rows == 8 * 4
     assert set(rollouts["policy_version"].to_pylist()) == {"000"}
@@ -73,6 +73,10 @@ def test_full_iteration_produces_contract_files_and_changes_weights(ws):
         assert (base / "current/model.safetensors").read_bytes() == weights
     for stage in ("generate", "score", "train", "eval"):
         assert json.loads((root / f"metrics/{stage}/001.json").read_text())["seconds"] > 0
+    history = json.loads((root / "report/history.json").read_text())
+    assert [r["iteration"] for r in history] == [0, 1] and history[1]["reward_mean"] is not None
+    assert (root / "dvclive/train/001/plots/metrics/train/loss.tsv").is_file()
+    assert "Processed prompts" in (root / "logs/generate/001.log").read_text()  # vLLM's progress bar, logged
     # vLLM sampled with the trainer's own fp32 weights: no gap to correct, every row fresh and kept.
     train = json.loads((root / "metrics/train/001.json").read_text())
     assert train["sampler_kl"] < 1e-3 and train["is_clipped_fraction"] == 0
@@ -94,14 +98,14 @@ def test_train_param_change_reruns_train_and_dependents_only(ws):
     params["train"]["learning_rate"] = 1e-4
     (root / "params.yaml").write_text(yaml.safe_dump(params))
     out = run(["dvc", "repro"], root, env).stdout
-    assert ran_stages(out) == ["eval@001", "sync@001", "train@001"]
+    assert ran_stages(out) == ["eval@001", "report", "sync@001", "train@001"]
 
 
 def test_adding_a_lagged_iteration_runs_exactly_that_iteration_on_stale_rollouts(ws):
     root, env = ws
     run(["python", "-m", "burstrl.iterations", "add", "--lag", "1"], root, env)  # 002: train 001, sample 000
     out = run(["dvc", "repro"], root, env).stdout
-    assert ran_stages(out) == ["eval@002", "generate@002", "score@002", "sync@002", "train@002"]
+    assert ran_stages(out) == ["eval@002", "generate@002", "report", "score@002", "sync@002", "train@002"]
     assert "python stages/generate.py 002 000" in out
     assert json.loads((root / "checkpoints/002/burstrl.json").read_text())["parent_version"] == "001"
     train = json.loads((root / "metrics/train/002.json").read_text())

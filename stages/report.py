@@ -1,0 +1,27 @@
+"""report: the run's history and report from metrics/ and data/sync/.
+
+Writes report/history.json (one row per policy version; `dvc plots show` draws it), report/summary.json
+(a few numbers per run, for `dvc metrics diff` and `dvc exp show`) and report/index.html (the charts,
+offline). `python -m burstrl.report` prints the same history as a table.
+"""
+
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from burstrl.history import collect, summary
+from burstrl.htmlreport import render
+from burstrl.stage import parse, stage, write_json, write_text
+
+if __name__ == "__main__":
+    args, cfg = parse(__doc__)
+    metrics: dict = {}
+    with stage("report", metrics):
+        rows = collect(Path("metrics"), Path("data/sync"), cfg.cost)
+        facts = summary(rows)
+        write_json(Path("report/history.json"), rows)
+        write_json(Path("report/summary.json"), facts)
+        params = OmegaConf.to_container(OmegaConf.load(args.params))
+        write_text(Path("report/index.html"), render(rows, facts, params))
+    print(f"report: {len(rows)} policy versions, held-out accuracy {facts.get('heldout_accuracy')}, "
+          "charts in report/index.html")

@@ -1,0 +1,51 @@
+"""Ablations as DVC experiments with Hydra composition: two short runs that differ in one param, compared
+with DVC's own commands. Real `dvc exp run`, real stages, tiny model."""
+
+import json
+
+import pytest
+import yaml
+from conftest import run, scratch_workspace
+
+pytestmark = pytest.mark.slow
+
+SMALL = {
+    "task": {"heldout_size": 20},
+    "bootstrap": {"sft_steps": 60},
+    "generate": {"prompts_per_iteration": 8, "num_generations": 4},
+    "train": {"batch_size": 16},
+}
+
+
+def test_two_experiments_differ_in_exactly_one_param(tmp_path):
+    root = tmp_path
+    env = scratch_workspace(root, SMALL, {})
+    # `dvc exp run` composes params.yaml from conf/, so the small sizes go there too.
+    conf = yaml.safe_load((root / "conf/config.yaml").read_text())
+    for section, values in SMALL.items():
+        conf[section].update(values)
+    (root / "conf/config.yaml").write_text(yaml.safe_dump(conf, sort_keys=False))
+    run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "small"], root, env)
+
+    run(["dvc", "exp", "run", "-n", "base"], root, env)
+    second = run(["dvc", "exp", "run", "-n", "nokl", "-S", "train.beta=0"], root, env).stdout
+    assert "skipping reference logprobs" in second
+
+    params = json.loads(run(["dvc", "params", "diff", "base", "nokl", "--json"], root, env).stdout)
+    assert params == {"params.yaml": {"train.beta": {"old": 0.02, "new": 0}}}
+
+    metrics = json.loads(run(["dvc", "metrics", "diff", "base", "nokl", "--json", "--all"], root, env).stdout)
+    summary = metrics["report/summary.json"]
+    assert {"heldout_accuracy", "reward_mean", "cost_usd_total"} <= set(summary)
+    assert summary["kl_ref"]["old"] > 0 and summary["kl_ref"]["new"] is None  # no KL term, none logged
+    assert metrics["metrics/score/001.json"]["reference_logprobs"] == {"old": True, "new": False, "diff": "changed"}
+
+    shown = run(["dvc", "exp", "show", "--json"], root, env).stdout
+    assert "nokl" in shown and "base" in shown
+
+    run(["dvc", "plots", "diff", "base", "nokl", "-o", "plots_diff"], root, env)
+    page = (root / "plots_diff/index.html").read_text()
+    assert "Reward and held-out accuracy" in page and "Seconds per stage" in page
+    run(["dvc", "plots", "show"], root, env)
+    assert (root / "dvc_plots/index.html").stat().st_size > 1000
+    assert (root / "report/index.html").read_text().count('<svg class="chart"') == 5

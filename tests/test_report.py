@@ -1,0 +1,120 @@
+"""The run history from metrics files, the HTML report (rendered by headless Chromium), the terminal table,
+the rollout inspector and the stage log files."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+from PIL import Image
+
+from burstrl.config import CostConfig
+from burstrl.history import collect, summary
+from burstrl.htmlreport import COLORS, render
+from burstrl.inspect import choose, describe
+from burstrl.report import render as render_table
+
+COST = CostConfig(train_usd_per_hour=3.6, inference_usd_per_hour=0.36)
+
+
+def write_run(root, iterations=1):
+    def put(path, data):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data))
+
+    put(root / "metrics/eval/000.json", {"heldout_accuracy": 0.3})
+    for i in range(1, iterations + 1):
+        v = f"{i:03d}"
+        put(root / f"metrics/generate/{v}.json", {"completion_length_mean": 3.0 + i, "seconds": 20})
+        put(root / f"metrics/score/{v}.json", {"reward_mean": 0.5 + 0.1 * i, "reward/burstrl.rewards.exact_match": 0.25,
+                                               "seconds": 30})
+        put(root / f"metrics/train/{v}.json", {
+            "kl": 0.01 * i, "sampler_kl": 0.002 * i, "entropy": 1.5, "is_weight_mean": 0.99, "seconds": 10,
+            "staleness": {"0": 2, "1": 2}, "rows_kept": 3, "rows_dropped_stale": 1, "rows_dropped_zero_variance": 0,
+            "rows_masked_truncated": 0,
+        })
+        put(root / f"metrics/eval/{v}.json", {"heldout_accuracy": 0.3 + 0.05 * i, "seconds": 40})
+        put(root / f"data/sync/{v}.json", {"seconds": 10})
+
+
+def test_history_rows_and_cost_by_hand(tmp_path):
+    write_run(tmp_path)
+    rows = collect(tmp_path / "metrics", tmp_path / "data/sync", COST)
+    assert [r["iteration"] for r in rows] == [0, 1]
+    assert rows[0]["heldout_accuracy"] == 0.3 and rows[0]["cost_usd"] is None
+    one = rows[1]
+    assert one["reward/exact_match"] == 0.25 and one["staleness_mean"] == 0.5 and one["rows_dropped"] == 1
+    # train 10 s at $3.6/h = $0.01; generate + score + eval + sync = 100 s at $0.36/h = $0.01
+    assert one["cost_usd"] == pytest.approx(0.02) and one["cost_usd_total"] == pytest.approx(0.02)
+    facts = summary(rows)
+    assert facts["heldout_accuracy"] == pytest.approx(0.35) and facts["heldout_accuracy_gain"] == pytest.approx(0.05)
+    assert facts["hours_total"] == pytest.approx(110 / 3600)
+
+
+def test_terminal_table_shows_missing_cells_as_dashes(tmp_path):
+    write_run(tmp_path)
+    lines = render_table(collect(tmp_path / "metrics", tmp_path / "data/sync", COST)).splitlines()
+    assert lines[0].split() == ["iter", "reward", "heldout_acc", "kl_ref", "kl_samp", "compl_len", "s_gen", "s_score",
+                                "s_train", "s_eval", "usd"]
+    assert lines[1].split() == ["0", "-", "0.300"] + ["-"] * 8
+    assert lines[2].split()[:5] == ["1", "0.600", "0.350", "0.0100", "0.0020"]
+
+
+def test_report_draws_every_chart_and_says_when_there_is_no_data(tmp_path):
+    write_run(tmp_path)
+    rows = collect(tmp_path / "metrics", tmp_path / "data/sync", COST)
+    page = render(rows, summary(rows), {"train": {"beta": 0.02}})
+    assert page.count('<svg class="chart"') == 5 and "<polyline" in page
+    assert "&quot;beta&quot;: 0.02" in page
+    assert "no data yet" in render(rows[:1], summary(rows[:1]), {})
+
+
+def test_report_renders_in_headless_chromium(tmp_path):
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.fail("chromium is not installed: `make system` (Debian: apt-get install chromium)")
+    write_run(tmp_path, iterations=4)
+    rows = collect(tmp_path / "metrics", tmp_path / "data/sync", COST)
+    page = tmp_path / "index.html"
+    page.write_text(render(rows, summary(rows), {}))
+    shot = tmp_path / "shot.png"
+    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                    f"--screenshot={shot}", "--window-size=1200,900", page.as_uri()],
+                   check=True, capture_output=True, timeout=120)
+    image = Image.open(shot).convert("RGB")
+    pixels = list(image.getdata())
+    # Each series colour appears as a drawn line with markers, in more than a few hundred pixels.
+    for color in COLORS[:2]:
+        rgb = tuple(int(color[i:i + 2], 16) for i in (1, 3, 5))
+        assert sum(p == rgb for p in pixels) > 300, f"series colour {color} not drawn"
+    assert sum(p == (255, 255, 255) for p in pixels) < 0.95 * len(pixels)
+
+
+def test_inspect_shows_each_token_with_its_weights():
+    row = {"prompt_id": 3, "sample_index": 1, "reward": 1.5, "rewards": [1.0, 0.5], "advantage": 0.75,
+           "finish_reason": "stop", "policy_version": "001", "sampler_weights": "checkpoint", "prompt": "1+1=",
+           "completion": "2", "completion_ids": [7, 2], "sampler_logprobs": [-0.5, -0.25], "ref_logprobs": None}
+    weights = {"staleness": 1, "keep": True, "proximal_logprobs": [-0.4, -0.2], "is_weights": [1.105, 1.051]}
+    text = describe(row, weights, ["burstrl.rewards.exact_match", "m.digit_match"], {7: "2", 2: "<eos>"}.get)
+    lines = text.splitlines()
+    assert "reward 1.500 (exact_match 1.0, digit_match 0.5), advantage +0.750" in lines[0]
+    assert "staleness 1, used" in lines[0]
+    assert lines[4].split() == ["'2'", "-0.500", "-0.400", "-", "1.105"]
+    rows = [{"prompt_id": 1, "reward": r} for r in (0.2, 0.9, 0.5)] + [{"prompt_id": 2, "reward": 0.1}]
+    assert choose(rows, 2, lowest=False, prompt_id=None) == [1, 2]
+    assert choose(rows, 1, lowest=True, prompt_id=None) == [3]
+    assert choose(rows, 1, lowest=False, prompt_id=1) == [0, 1, 2]
+
+
+def test_stage_output_also_goes_to_its_log_file(tmp_path):
+    script = ("import sys, subprocess; from burstrl.stage import parse; args, cfg = parse('d', 'iteration'); "
+              "print('to stdout'); print('to stderr', file=sys.stderr); "
+              "subprocess.run(['echo', 'from a child'])")
+    done = subprocess.run([sys.executable, "-c", script, "007", "--params", str(REPO / "params.yaml")], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "to stdout\nfrom a child\n" and done.stderr == "to stderr\n"
+    log = (tmp_path / "logs/-c/007.log").read_text()
+    assert log.startswith("==== ") and all(s in log for s in ("to stdout", "to stderr", "from a child"))
