@@ -63,7 +63,9 @@ def collect(metrics_dir: Path, sync_dir: Path, cost: CostConfig) -> list[dict]:
         total += row["cost_usd"] or 0.0
         row["cost_usd_total"] = total
         rows.append(row)
-    return rows
+    # Every row gets every key (None where a stage has not run): DVC plots ignore a file whose rows differ.
+    keys = list(dict.fromkeys(k for row in rows for k in row))
+    return [{k: row.get(k) for k in keys} for row in rows]
 
 
 def summary(rows: list[dict]) -> dict:

@@ -75,7 +75,7 @@ def test_full_iteration_produces_contract_files_and_changes_weights(ws):
         assert json.loads((root / f"metrics/{stage}/001.json").read_text())["seconds"] > 0
     history = json.loads((root / "report/history.json").read_text())
     assert [r["iteration"] for r in history] == [0, 1] and history[1]["reward_mean"] is not None
-    assert (root / "dvclive/train/001/plots/metrics/train/loss.tsv").is_file()
+    assert (root / "dvclive/train/001/plots/metrics/loss.tsv").is_file()
     assert "Processed prompts" in (root / "logs/generate/001.log").read_text()  # vLLM's progress bar, logged
     # vLLM sampled with the trainer's own fp32 weights: no gap to correct, every row fresh and kept.
     train = json.loads((root / "metrics/train/001.json").read_text())

@@ -44,6 +44,7 @@ def test_history_rows_and_cost_by_hand(tmp_path):
     rows = collect(tmp_path / "metrics", tmp_path / "data/sync", COST)
     assert [r["iteration"] for r in rows] == [0, 1]
     assert rows[0]["heldout_accuracy"] == 0.3 and rows[0]["cost_usd"] is None
+    assert rows[0].keys() == rows[1].keys() and rows[0]["reward/exact_match"] is None
     one = rows[1]
     assert one["reward/exact_match"] == 0.25 and one["staleness_mean"] == 0.5 and one["rows_dropped"] == 1
     # train 10 s at $3.6/h = $0.01; generate + score + eval + sync = 100 s at $0.36/h = $0.01
