@@ -12,7 +12,7 @@ from burstrl.config import load_config
 from burstrl.history import collect
 
 COLUMNS = [
-    ("iter", "iteration", "{}"),
+    ("iter", "iteration", "{:03d}"),
     ("reward", "reward_mean", "{:.3f}"),
     ("heldout_acc", "heldout_accuracy", "{:.3f}"),
     ("kl_ref", "kl_ref", "{:.4f}"),

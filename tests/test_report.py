@@ -59,8 +59,8 @@ def test_terminal_table_shows_missing_cells_as_dashes(tmp_path):
     lines = render_table(collect(tmp_path / "metrics", tmp_path / "data/sync", COST)).splitlines()
     assert lines[0].split() == ["iter", "reward", "heldout_acc", "kl_ref", "kl_samp", "compl_len", "s_gen", "s_score",
                                 "s_train", "s_eval", "usd"]
-    assert lines[1].split() == ["0", "-", "0.300"] + ["-"] * 8
-    assert lines[2].split()[:5] == ["1", "0.600", "0.350", "0.0100", "0.0020"]
+    assert lines[1].split() == ["000", "-", "0.300"] + ["-"] * 8
+    assert lines[2].split()[:5] == ["001", "0.600", "0.350", "0.0100", "0.0020"]
 
 
 def test_report_draws_every_chart_and_says_when_there_is_no_data(tmp_path):
