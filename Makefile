@@ -11,7 +11,7 @@ EXTRA ?= cpu
 # Checkpoints the sampler of a `make iterate` iteration lags the trainer (docs/objective.md, Staleness).
 LAG ?= 0
 
-.PHONY: setup system demo repro iterate report lint test test-fast clean
+.PHONY: setup system browser demo repro iterate report lint test test-fast clean
 
 $(VENV)/.installed-$(EXTRA): pyproject.toml
 	python3 -m venv $(VENV)
@@ -24,15 +24,17 @@ $(VENV)/.installed-$(EXTRA): pyproject.toml
 
 setup: $(VENV)/.installed-$(EXTRA)
 
-# rsync and an SSH server (sync stage, its tests), Chromium (the report's screenshot test); installed when
-# root and missing.
+# rsync and an SSH server (sync stage, its tests); installed when root and missing.
 system:
-	@if ! command -v rsync >/dev/null || ! command -v ssh-keygen >/dev/null || [ ! -x /usr/sbin/sshd ] \
-	    || ! command -v chromium >/dev/null; then \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && \
-	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rsync openssh-server openssh-client chromium; \
-	  else echo "install rsync, openssh-server and chromium (Debian: apt-get install rsync openssh-server chromium)"; \
-	    exit 1; fi; fi
+	@if ! command -v rsync >/dev/null || ! command -v ssh-keygen >/dev/null || [ ! -x /usr/sbin/sshd ]; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq rsync openssh-server openssh-client; \
+	  else echo "install rsync and openssh-server (Debian: apt-get install rsync openssh-server)"; exit 1; fi; fi
+
+# Chromium renders the HTML report in a test; only the tests need it.
+browser:
+	@if ! command -v chromium >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	  else echo "install chromium (Debian: apt-get install chromium)"; exit 1; fi; fi
 
 demo: setup system repro report
 
@@ -50,11 +52,11 @@ report:
 lint: setup
 	ruff check .
 
-test: setup system lint
+test: setup system browser lint
 	pytest -q
 
-test-fast: setup lint
+test-fast: setup browser lint
 	pytest -q -m "not slow"
 
 clean:
-	rm -rf data/rollouts data/scored data/sync metrics build
+	rm -rf data/rollouts data/scored data/weights data/sync metrics report dvclive logs dvc_plots build

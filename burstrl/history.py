@@ -1,17 +1,19 @@
 """A run's history: one row per policy version, gathered from the metrics files the stages write.
 
-Row `iteration` 0 is the bootstrap policy (only its held-out accuracy); row N holds what iteration N's
-stages measured: the reward of its rollouts and each reward function's mean, the held-out accuracy of the
-policy it produced, KL to the reference and from the sampler, entropy, importance-weight statistics,
-staleness, completion length, seconds per stage and cost. Missing values are stages not run yet.
+Row `iteration` 0 is the bootstrap policy: its held-out accuracy, and its warm-up's seconds and cost at the
+training GPU's rate. Row N holds what iteration N's stages measured: the reward of its rollouts and each
+reward function's mean, the held-out accuracy of the policy it produced, KL to the reference and from the
+sampler, entropy, importance-weight statistics, staleness, completion length, seconds per stage and cost.
+Missing values are stages not run yet.
 """
 
 import json
+import math
 from pathlib import Path
 
 from burstrl.config import CostConfig
 
-STAGES = ("generate", "score", "train", "eval", "sync")
+STAGES = ("bootstrap", "generate", "score", "train", "eval", "sync")
 INFERENCE_STAGES = ("generate", "score", "eval", "sync")
 
 
@@ -27,24 +29,33 @@ def _staleness_mean(histogram: dict | None) -> float | None:
 
 
 def stage_cost(seconds: dict[str, float | None], cost: CostConfig) -> float | None:
-    """USD for one iteration: train time at the rented GPU's rate, the other stages at the inference boxes'."""
+    """USD for one row: train and bootstrap time at the rented GPU's rate, the other stages at the inference
+    boxes' rate."""
     if all(seconds.get(s) is None for s in STAGES):
         return None
     inference = sum(seconds.get(s) or 0.0 for s in INFERENCE_STAGES)
-    return ((seconds.get("train") or 0.0) * cost.train_usd_per_hour + inference * cost.inference_usd_per_hour) / 3600
+    training = (seconds.get("train") or 0.0) + (seconds.get("bootstrap") or 0.0)
+    return (training * cost.train_usd_per_hour + inference * cost.inference_usd_per_hour) / 3600
 
 
-def collect(metrics_dir: Path, sync_dir: Path, cost: CostConfig) -> list[dict]:
-    versions = sorted({p.stem for p in metrics_dir.glob("*/*.json") if p.stem.isdigit()}, key=int)
+def _finite(value):
+    """NaN and infinity become None: strict JSON has neither, and a chart cannot place them."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def collect(metrics_dir: Path, sync_dir: Path, cost: CostConfig, iterations: list[str]) -> list[dict]:
+    """Rows for the bootstrap policy and `iterations` (the keys of iterations.yaml): files of iterations no
+    longer listed are left out."""
     rows, total = [], 0.0
-    for version in versions:
-        m = {s: _load(metrics_dir / s / f"{version}.json") for s in STAGES if s != "sync"}
+    for version in ["000", *sorted(iterations, key=int)]:
+        m = {s: _load(metrics_dir / s / f"{version}.json") for s in STAGES if s not in ("bootstrap", "sync")}
         m["sync"] = _load(sync_dir / f"{version}.json")
+        m["bootstrap"] = _load(metrics_dir / "bootstrap.json") if version == "000" else {}
         score, train = m["score"], m["train"]
         row = {
             "iteration": int(version),
             "reward_mean": score.get("reward_mean"),
-            **{f"reward/{k.split('.')[-1]}": v for k, v in score.items() if k.startswith("reward/")},
+            **{k: v for k, v in score.items() if k.startswith("reward/")},
             "heldout_accuracy": m["eval"].get("heldout_accuracy"),
             "kl_ref": train.get("kl"),
             "sampler_kl": train.get("sampler_kl"),
@@ -65,7 +76,7 @@ def collect(metrics_dir: Path, sync_dir: Path, cost: CostConfig) -> list[dict]:
         rows.append(row)
     # Every row gets every key (None where a stage has not run): DVC plots ignore a file whose rows differ.
     keys = list(dict.fromkeys(k for row in rows for k in row))
-    return [{k: row.get(k) for k in keys} for row in rows]
+    return [{k: _finite(row.get(k)) for k in keys} for row in rows]
 
 
 def summary(rows: list[dict]) -> dict:

@@ -10,8 +10,8 @@ import json
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd"]
 CHARTS = [
     ("Reward and held-out accuracy", ["reward_mean", "heldout_accuracy"]),
-    ("KL to the reference, KL from the sampler", ["kl_ref", "sampler_kl"]),
-    ("Completion length (tokens)", ["completion_length"]),
+    ("KL to the reference and from the sampler", ["kl_ref", "sampler_kl"]),
+    ("Completion length", ["completion_length"]),
     ("Seconds per stage", ["seconds_generate", "seconds_score", "seconds_train", "seconds_eval", "seconds_sync"]),
     ("Cost so far (USD)", ["cost_usd_total"]),
 ]
@@ -25,11 +25,11 @@ def _fmt(value) -> str:
         return "-"
     if isinstance(value, float):
         return f"{value:.4g}"
-    return str(value)
+    return html.escape(str(value))
 
 
 def line_chart(title: str, rows: list[dict], keys: list[str]) -> str:
-    series = {k: [(r["iteration"], r[k]) for r in rows if r.get(k) is not None] for k in keys}
+    series = {k: [(r["iteration"], r[k]) for r in rows if isinstance(r.get(k), int | float)] for k in keys}
     values = [v for points in series.values() for _, v in points]
     out = [f'<svg class="chart" width="{WIDTH}" height="{HEIGHT}" role="img" aria-label="{html.escape(title)}">',
            f'<text x="{PAD}" y="18" font-weight="bold">{html.escape(title)}</text>']

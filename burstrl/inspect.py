@@ -22,8 +22,9 @@ def _cell(values: list | None, i: int, fmt: str = "{:+.3f}") -> str:
 
 
 def describe(row: dict, weights: dict | None, reward_funcs: list[str], token_text) -> str:
-    named = zip(reward_funcs, row["rewards"], strict=True)
-    parts = ", ".join(f"{name.split('.')[-1]} {value}" for name, value in named)
+    # Names from the current params; rows scored under other params show positional names instead.
+    names = reward_funcs if len(reward_funcs) == len(row["rewards"]) else [f"r{i}" for i in range(len(row["rewards"]))]
+    parts = ", ".join(f"{name.split('.')[-1]} {value}" for name, value in zip(names, row["rewards"], strict=True))
     lines = [
         f"prompt_id {row['prompt_id']} sample {row['sample_index']}: reward {row['reward']:.3f} ({parts}), "
         f"advantage {row['advantage']:+.3f}, finish {row['finish_reason']}, sampled by {row['policy_version']} "
@@ -61,9 +62,11 @@ if __name__ == "__main__":
     except ContractError as err:
         sys.exit(f"inspect: error: {err}")
     weights_path = Path(f"data/weights/{args.iteration}.parquet")
-    weights = pq.read_table(weights_path).to_pylist() if weights_path.is_file() else None
+    weights = {(w["prompt_id"], w["sample_index"]): w for w in pq.read_table(weights_path).to_pylist()} \
+        if weights_path.is_file() else {}
     tokenizer = AutoTokenizer.from_pretrained(Path("checkpoints/000"))
     funcs = load_config().score.reward_funcs
     for i in choose(scored, args.rows, args.lowest, args.prompt_id):
-        print(describe(scored[i], weights[i] if weights else None, funcs,
+        row = scored[i]
+        print(describe(row, weights.get((row["prompt_id"], row["sample_index"])), funcs,
                        lambda t: tokenizer.decode([t])) + "\n")

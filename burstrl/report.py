@@ -8,6 +8,7 @@ Missing cells are stages that have not run yet. The report stage draws the same 
 
 from pathlib import Path
 
+from burstrl import iterations
 from burstrl.config import load_config
 from burstrl.history import collect
 
@@ -35,4 +36,4 @@ def render(rows: list[dict]) -> str:
 
 if __name__ == "__main__":
     cfg = load_config()
-    print(render(collect(Path("metrics"), Path("data/sync"), cfg.cost)))
+    print(render(collect(Path("metrics"), Path("data/sync"), cfg.cost, list(iterations.load()))))

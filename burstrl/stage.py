@@ -5,8 +5,8 @@ import atexit
 import datetime
 import json
 import os
+import subprocess
 import sys
-import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,44 +26,39 @@ def write_text(path: Path, text: str) -> None:
 
 
 def write_json(path: Path, data: dict | list) -> None:
+    # Dicts sorted so reruns diff cleanly; lists of rows keep their column order for people reading them.
     write_text(path, json.dumps(data, indent=2, sort_keys=isinstance(data, dict)) + "\n")
 
 
 class _Tee:
     """Everything written to stdout and stderr, by this process and by the workers it starts (vLLM's engine),
-    also goes to a log file. It works on the file descriptors, not on sys.stdout, so native code and child
-    processes are caught too; stdout and stderr stay separate on the terminal."""
+    also goes to a log file. Each descriptor is piped through its own `tee` process rather than a thread:
+    the stage never waits for it, output still reaches the terminal if the stage dies hard, and a closed
+    terminal (`tee -p`) does not stop the log. stdout and stderr stay separate on the terminal."""
 
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.log = path.open("ab", buffering=0)
-        self.log.write(f"==== {datetime.datetime.now().isoformat(timespec='seconds')} {' '.join(sys.argv)}\n".encode())
-        self.lock = threading.Lock()
-        self.saved, self.threads = {}, []
+        with path.open("a") as log:
+            log.write(f"==== {datetime.datetime.now().isoformat(timespec='seconds')} {' '.join(sys.argv)}\n")
+        # Workers see a pipe, not a terminal; unbuffered, their last lines are logged before they are stopped.
+        os.environ["PYTHONUNBUFFERED"] = "1"
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.saved = {}
         for fd in (1, 2):
-            read, write = os.pipe()
             self.saved[fd] = os.dup(fd)
-            os.dup2(write, fd)
-            os.close(write)
-            thread = threading.Thread(target=self._pump, args=(read, self.saved[fd]), daemon=True)
-            thread.start()
-            self.threads.append(thread)
-
-    def _pump(self, read: int, terminal: int) -> None:
-        while chunk := os.read(read, 1 << 16):
-            os.write(terminal, chunk)
-            with self.lock:
-                self.log.write(chunk)
-        os.close(read)
+            tee = subprocess.Popen(["tee", "-p", "-a", str(path)], stdin=subprocess.PIPE, stdout=self.saved[fd],
+                                   start_new_session=True)
+            os.dup2(tee.stdin.fileno(), fd)
+            tee.stdin.close()
 
     def close(self) -> None:
+        """Point stdout and stderr back at the terminal; each tee ends once the last writer has exited."""
         sys.stdout.flush()
         sys.stderr.flush()
         for fd, original in self.saved.items():
-            os.dup2(original, fd)  # the pipe's last write end closes, so its pump sees EOF
-        for thread in self.threads:
-            thread.join(timeout=5)
-        self.log.close()
+            os.dup2(original, fd)
+            os.close(original)
 
 
 _tee: _Tee | None = None

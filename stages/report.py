@@ -9,15 +9,15 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from burstrl import iterations
 from burstrl.history import collect, summary
 from burstrl.htmlreport import render
 from burstrl.stage import parse, stage, write_json, write_text
 
 if __name__ == "__main__":
     args, cfg = parse(__doc__)
-    metrics: dict = {}
-    with stage("report", metrics):
-        rows = collect(Path("metrics"), Path("data/sync"), cfg.cost)
+    with stage("report", {}):
+        rows = collect(Path("metrics"), Path("data/sync"), cfg.cost, list(iterations.load()))
         facts = summary(rows)
         write_json(Path("report/history.json"), rows)
         write_json(Path("report/summary.json"), facts)

@@ -4,7 +4,6 @@ Also writes data/weights/ITER.parquet (each row's staleness, whether the loss us
 proximal logprobs and importance weights) and metrics/train/ITER.json.
 """
 
-import tempfile
 from pathlib import Path
 
 import datasets
@@ -40,14 +39,14 @@ if __name__ == "__main__":
         tokenizer = AutoTokenizer.from_pretrained(parent)
         model = AutoModelForCausalLM.from_pretrained(parent)
         tmp = staging_dir(out)
-        scratch = tempfile.TemporaryDirectory(prefix="burstrl-train-")
         # Step-level curves (loss, KL, entropy, clip ratio per optimizer step) for `dvc plots show`;
         # dvcyaml=None keeps DVCLive from editing dvc.yaml, which declares these files itself.
         live = Live(dir=f"dvclive/train/{args.iteration}", dvcyaml=None, save_dvc_exp=False)
         trainer = RolloutGRPOTrainer(
             model=model,
             processing_class=tokenizer,
-            args=grpo_config(output_dir=scratch.name, rollouts=len(table), train=cfg.train,
+            # A fixed scratch path (TRL saves nothing there), so DVCLive's copy of the arguments is stable.
+            args=grpo_config(output_dir=f"build/trainer/{args.iteration}", rollouts=len(table), train=cfg.train,
                              temperature=temperature, max_completion_length=cfg.generate.max_tokens,
                              num_generations=cfg.generate.num_generations, seed=cfg.seed),
             train_dataset=datasets.Dataset(table.append_column("keep", pa.array(selection.keep))),

@@ -25,6 +25,8 @@ def write_run(root, iterations=1):
         path.write_text(json.dumps(data))
 
     put(root / "metrics/eval/000.json", {"heldout_accuracy": 0.3})
+    put(root / "metrics/bootstrap.json", {"seconds": 36})
+    put(root / "metrics/train/009.json", {"seconds": 99})  # a removed iteration's leftover: not in the history
     for i in range(1, iterations + 1):
         v = f"{i:03d}"
         put(root / f"metrics/generate/{v}.json", {"completion_length_mean": 3.0 + i, "seconds": 20})
@@ -41,31 +43,42 @@ def write_run(root, iterations=1):
 
 def test_history_rows_and_cost_by_hand(tmp_path):
     write_run(tmp_path)
-    rows = collect(tmp_path / "metrics", tmp_path / "data/sync", COST)
+    rows = collect(tmp_path / "metrics", tmp_path / "data/sync", COST, ["001"])
     assert [r["iteration"] for r in rows] == [0, 1]
-    assert rows[0]["heldout_accuracy"] == 0.3 and rows[0]["cost_usd"] is None
-    assert rows[0].keys() == rows[1].keys() and rows[0]["reward/exact_match"] is None
+    # bootstrap: 36 s of warm-up at the training GPU's $3.6/h
+    assert rows[0]["heldout_accuracy"] == 0.3 and rows[0]["cost_usd"] == pytest.approx(0.036)
+    assert rows[0].keys() == rows[1].keys() and rows[0]["reward/burstrl.rewards.exact_match"] is None
     one = rows[1]
-    assert one["reward/exact_match"] == 0.25 and one["staleness_mean"] == 0.5 and one["rows_dropped"] == 1
+    assert one["reward/burstrl.rewards.exact_match"] == 0.25 and one["staleness_mean"] == 0.5
+    assert one["rows_dropped"] == 1
     # train 10 s at $3.6/h = $0.01; generate + score + eval + sync = 100 s at $0.36/h = $0.01
-    assert one["cost_usd"] == pytest.approx(0.02) and one["cost_usd_total"] == pytest.approx(0.02)
+    assert one["cost_usd"] == pytest.approx(0.02) and one["cost_usd_total"] == pytest.approx(0.056)
     facts = summary(rows)
     assert facts["heldout_accuracy"] == pytest.approx(0.35) and facts["heldout_accuracy_gain"] == pytest.approx(0.05)
-    assert facts["hours_total"] == pytest.approx(110 / 3600)
+    assert facts["hours_total"] == pytest.approx((36 + 110) / 3600)
+
+
+def test_non_finite_values_become_null_and_are_not_drawn(tmp_path):
+    write_run(tmp_path)
+    path = tmp_path / "metrics/train/001.json"
+    path.write_text(path.read_text().replace('"kl": 0.01', '"kl": NaN'))
+    rows = collect(tmp_path / "metrics", tmp_path / "data/sync", COST, ["001"])
+    assert rows[1]["kl_ref"] is None
+    assert "no data yet" not in render(rows, summary(rows), {})
 
 
 def test_terminal_table_shows_missing_cells_as_dashes(tmp_path):
     write_run(tmp_path)
-    lines = render_table(collect(tmp_path / "metrics", tmp_path / "data/sync", COST)).splitlines()
+    lines = render_table(collect(tmp_path / "metrics", tmp_path / "data/sync", COST, ["001"])).splitlines()
     assert lines[0].split() == ["iter", "reward", "heldout_acc", "kl_ref", "kl_samp", "compl_len", "s_gen", "s_score",
                                 "s_train", "s_eval", "usd"]
-    assert lines[1].split() == ["000", "-", "0.300"] + ["-"] * 8
+    assert lines[1].split() == ["000", "-", "0.300"] + ["-"] * 7 + ["0.0360"]
     assert lines[2].split()[:5] == ["001", "0.600", "0.350", "0.0100", "0.0020"]
 
 
 def test_report_draws_every_chart_and_says_when_there_is_no_data(tmp_path):
     write_run(tmp_path)
-    rows = collect(tmp_path / "metrics", tmp_path / "data/sync", COST)
+    rows = collect(tmp_path / "metrics", tmp_path / "data/sync", COST, ["001"])
     page = render(rows, summary(rows), {"train": {"beta": 0.02}})
     assert page.count('<svg class="chart"') == 5 and "<polyline" in page
     assert "&quot;beta&quot;: 0.02" in page
@@ -77,7 +90,7 @@ def test_report_renders_in_headless_chromium(tmp_path):
     if browser is None:
         pytest.fail("chromium is not installed: `make system` (Debian: apt-get install chromium)")
     write_run(tmp_path, iterations=4)
-    rows = collect(tmp_path / "metrics", tmp_path / "data/sync", COST)
+    rows = collect(tmp_path / "metrics", tmp_path / "data/sync", COST, ["001", "002", "003", "004"])
     page = tmp_path / "index.html"
     page.write_text(render(rows, summary(rows), {}))
     shot = tmp_path / "shot.png"
