@@ -4,7 +4,8 @@ Rows are never deleted: a row the update cannot use keeps its place in the batch
 so shapes, the Parquet file and the diagnostics stay aligned, and every exclusion is counted by reason.
 """
 
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -55,8 +56,8 @@ def check_batch(source: Path, table: pa.Table, *, beta: float, expected_rows: in
 @dataclass
 class Selection:
     keep: list[bool]
-    counts: dict[str, int] = field(default_factory=dict)
-    staleness: dict[str, int] = field(default_factory=dict)
+    counts: dict[str, int]
+    staleness: dict[str, int]
 
 
 def select_rows(source: Path, table: pa.Table, lags: list[int], train: TrainConfig) -> Selection:
@@ -69,13 +70,11 @@ def select_rows(source: Path, table: pa.Table, lags: list[int], train: TrainConf
     zero_variance = [train.drop_zero_variance_groups and g in flat for g in groups]
     truncated = [train.mask_truncated and r == "length" for r in table["finish_reason"].to_pylist()]
     keep = [not (a or b or c) for a, b, c in zip(stale, zero_variance, truncated, strict=True)]
-    histogram: dict[str, int] = {}
-    for lag in lags:
-        histogram[str(lag)] = histogram.get(str(lag), 0) + 1
+    histogram = {str(lag): n for lag, n in sorted(Counter(lags).items())}
     counts = {"rows_kept": sum(keep), "rows_dropped_stale": sum(stale),
               "rows_dropped_zero_variance": sum(zero_variance), "rows_masked_truncated": sum(truncated)}
     if not any(keep):
         reasons = ", ".join(f"{k}={v}" for k, v in counts.items())
         raise ContractError(f"{source}: no row left to train on ({reasons}; staleness {histogram}, "
                             f"train.max_staleness={train.max_staleness})")
-    return Selection(keep, counts, dict(sorted(histogram.items(), key=lambda kv: int(kv[0]))))
+    return Selection(keep, counts, histogram)
