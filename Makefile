@@ -11,7 +11,7 @@ EXTRA ?= cpu
 # Checkpoints the sampler of a `make iterate` iteration lags the trainer (docs/objective.md, Staleness).
 LAG ?= 0
 
-.PHONY: setup system browser demo repro iterate report lint test test-fast clean
+.PHONY: setup system browser demo repro iterate report status lint test test-fast clean
 
 $(VENV)/.installed-$(EXTRA): pyproject.toml
 	python3 -m venv $(VENV)
@@ -48,6 +48,10 @@ iterate: setup
 
 report:
 	python -m burstrl.report
+
+# Each iteration's stages: done, partial (an interrupted run's progress) or pending.
+status:
+	python -m burstrl.status
 
 lint: setup
 	ruff check .

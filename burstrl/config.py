@@ -166,6 +166,23 @@ class CostConfig:
 
 
 @dataclass
+class ResumeConfig:
+    """How work is saved against interruption (docs/resume.md). None of it changes a result, so no stage lists
+    this section as a param: changing it, or setting a deadline for one session, re-runs nothing."""
+    shard_prompts: int = 64
+    """Prompts per shard of generate and score; a killed run redoes at most one shard."""
+    checkpoint_every_steps: int = 50
+    """Train saves a resumable checkpoint every this many optimizer steps (0: only by time and deadline)."""
+    checkpoint_every_minutes: float = 20.0
+    """...and whenever this many minutes passed since the last one (0: never by time)."""
+    deadline: str | None = None
+    """Train stops with a checkpoint before this: an ISO 8601 time, or seconds after the stage starts.
+    The environment variable BURSTRL_DEADLINE overrides it."""
+    deadline_margin_seconds: float = 30.0
+    """Slack kept before the deadline beyond the measured time of one step and one checkpoint."""
+
+
+@dataclass
 class Config:
     seed: int = 0
     """Seeds task splits, prompt draws, sampling and training."""
@@ -179,6 +196,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
     cost: CostConfig = field(default_factory=CostConfig)
+    resume: ResumeConfig = field(default_factory=ResumeConfig)
 
     @property
     def rollouts_per_iteration(self) -> int:
@@ -215,6 +233,8 @@ def load_config(path: Path | str = "params.yaml") -> Config:
                           "pi_theta / pi_old would bias it: set train.kl_ratio_correction to false")
     if cfg.train.max_staleness < 0:
         raise ConfigError(f"{path}: train.max_staleness must be >= 0")
+    if cfg.resume.shard_prompts < 1:
+        raise ConfigError(f"{path}: resume.shard_prompts must be >= 1")
     if len(cfg.score.reward_funcs) != len(cfg.score.reward_weights):
         raise ConfigError(f"{path}: score.reward_funcs and score.reward_weights must have the same length")
     return cfg

@@ -8,7 +8,10 @@ Rollouts (generate -> score), one row per completion:
     finite, <= 0;
   - `policy_version` / `policy_hash` name the checkpoint that sampled the row; `sampler_weights` says which
     copy of it the sampler ran: "checkpoint" for its own files, else the label of a derived copy (quantized,
-    or perturbed in tests), whose mismatch the train stage's importance weights correct.
+    or perturbed in tests), whose mismatch the train stage's importance weights correct;
+  - `tokenizer_hash` is the sampler's tokenizer (burstrl.policy.tokenizer_hash): a stage that feeds the ids
+    to another policy checks that it tokenizes the same way (`check_tokens`) and that every id is in its
+    vocabulary.
 Scored rollouts (score -> train) add:
   - `rewards`: one value per reward function, in the order of `score.reward_funcs`; `reward` their weighted sum;
   - `advantage`: group-relative, so it sums to ~0 within each group;
@@ -27,10 +30,12 @@ Readers call `read_rollouts` / `read_scored`, which check all of the above and r
 naming the file, the row and the field.
 """
 
+import json
 import math
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 TASK_FIELDS = [pa.field("prompt_id", pa.int64()), pa.field("prompt", pa.string()), pa.field("answer", pa.string())]
@@ -46,6 +51,7 @@ ROLLOUT_FIELDS = [
     pa.field("policy_version", pa.string()),
     pa.field("policy_hash", pa.string()),
     pa.field("sampler_weights", pa.string()),
+    pa.field("tokenizer_hash", pa.string()),
     pa.field("temperature", pa.float32()),
     pa.field("top_p", pa.float32()),
     pa.field("seed", pa.int64()),
@@ -166,6 +172,21 @@ def read_scored(path: Path) -> pa.Table:
             fail(path, first_row, "advantage", f"group {pid} sums to {total:.4g}; group-relative advantages sum to 0",
                   table)
     return table
+
+
+def check_tokens(path: Path, table: pa.Table, policy: Path, meta: dict) -> None:
+    """The rows' token ids mean the same text to `policy` (metadata `meta`) and fit its vocabulary."""
+    expected = meta["tokenizer_hash"]
+    for row, value in enumerate(table["tokenizer_hash"].to_pylist()):
+        if value != expected:
+            fail(path, row, "tokenizer_hash", f"is {value[:12]}, but {policy} tokenizes with {expected[:12]}: "
+                 "its token ids would mean other text", table)
+    vocab = json.loads((policy / "config.json").read_text()).get("vocab_size")
+    for name in ("prompt_ids", "completion_ids"):
+        flat = pc.list_flatten(table[name])
+        if vocab is not None and len(flat) and not (0 <= pc.min(flat).as_py() and pc.max(flat).as_py() < vocab):
+            row = next(r for r, ids in enumerate(table[name].to_pylist()) if any(not 0 <= i < vocab for i in ids))
+            fail(path, row, name, f"holds a token id outside {policy}'s vocabulary of {vocab}", table)
 
 
 def write_table(table: pa.Table, fields: list[pa.Field], path: Path) -> None:

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from burstrl import faults
 from burstrl.config import InferenceConfig
 
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
@@ -30,6 +31,7 @@ def running(policy_dir: Path, inf: InferenceConfig, max_len: int, seed: int):
     processes can abort the stage after its outputs are written."""
     from vllm import LLM
 
+    faults.point("engine_start")
     llm = LLM(
         model=str(policy_dir),
         dtype=inf.dtype,

@@ -2,10 +2,13 @@
 
 `checkpoints/NNN/` holds config.json, model.safetensors, the tokenizer files and burstrl.json:
 {"policy_version": "NNN", "parent_version": "MMM" | null, "iteration": int, "content_hash": sha256,
- "lineage": [{"policy_version", "content_hash"}, ...]}, lineage listing this policy first, then its parent,
-back to the bootstrap policy. The content hash covers every file but burstrl.json, so rollouts stamped with
-it prove which weights sampled them, and a rollout's staleness is its policy's position in the lineage of
-the checkpoint training starts from. Directories are written under a temporary name and renamed into place.
+ "tokenizer_hash": sha256, "files": {relative path: sha256}, "lineage": [{"policy_version", "content_hash"}, ...]},
+lineage listing this policy first, then its parent, back to the bootstrap policy. The content hash covers
+every file but burstrl.json, so rollouts stamped with it prove which weights sampled them, and a rollout's
+staleness is its policy's position in the lineage of the checkpoint training starts from. The tokenizer
+hash covers the files that map text to ids: token ids from two policies are comparable only when it matches.
+Directories are written under a temporary name and renamed into place, and every read checks the files
+against the recorded sums, so a half-copied or edited checkpoint is named, never loaded.
 """
 
 import hashlib
@@ -18,23 +21,35 @@ from burstrl.contract import ContractError
 METADATA = "burstrl.json"
 REQUIRED_FILES = ("config.json", "tokenizer_config.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+VOCABULARY_FILES = TOKENIZER_FILES + ("merges.txt",)
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def file_hashes(directory: Path, skip: tuple[str, ...] = (METADATA,)) -> dict[str, str]:
     """sha256 of every file under `directory` but those named in `skip`, keyed by relative path."""
-    hashes = {}
-    for path in sorted(p for p in directory.rglob("*") if p.is_file() and p.name not in skip):
-        digest = hashlib.sha256()
-        with path.open("rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(chunk)
-        hashes[str(path.relative_to(directory))] = digest.hexdigest()
-    return hashes
+    return {str(path.relative_to(directory)): file_sha256(path)
+            for path in sorted(p for p in directory.rglob("*") if p.is_file() and p.name not in skip)}
+
+
+def _listing_hash(hashes: dict[str, str]) -> str:
+    return hashlib.sha256(json.dumps(hashes, sort_keys=True).encode()).hexdigest()
 
 
 def content_hash(directory: Path) -> str:
-    listing = json.dumps(file_hashes(directory), sort_keys=True).encode()
-    return hashlib.sha256(listing).hexdigest()
+    return _listing_hash(file_hashes(directory))
+
+
+def tokenizer_hash(directory: Path) -> str:
+    """Hash of the vocabulary files: equal for two policies exactly when their token ids mean the same text."""
+    return _listing_hash({name: file_sha256(directory / name) for name in VOCABULARY_FILES
+                          if (directory / name).is_file()})
 
 
 def check_policy_dir(directory: Path) -> None:
@@ -55,10 +70,22 @@ def read_metadata(directory: Path) -> dict:
     path = directory / METADATA
     if not path.is_file():
         raise ContractError(f"{path}: missing; every checkpoint records its policy_version and content_hash")
-    meta = json.loads(path.read_text())
-    for key in ("policy_version", "content_hash", "lineage"):
+    try:
+        meta = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ContractError(f"{path}: not valid JSON: {err}") from err
+    for key in ("policy_version", "content_hash", "tokenizer_hash", "files", "lineage"):
         if key not in meta:
             raise ContractError(f"{path}: field '{key}' is missing")
+    found = file_hashes(directory)
+    if found != meta["files"]:
+        missing = sorted(meta["files"].keys() - found.keys())
+        differ = sorted(k for k in found.keys() & meta["files"].keys() if found[k] != meta["files"][k])
+        extra = sorted(found.keys() - meta["files"].keys())
+        problems = [f"{label}: {', '.join(names)}" for label, names in
+                    (("missing", missing), ("differ from the recorded sha256", differ), ("unrecorded", extra)) if names]
+        raise ContractError(f"{directory}: files do not match {METADATA} (a half-copied or edited checkpoint): "
+                            + "; ".join(problems))
     return meta
 
 
@@ -67,12 +94,15 @@ def publish_policy(tmp_dir: Path, out_dir: Path, *, version: str, parent: dict |
 
     `parent` is the metadata of the checkpoint this one was trained from (None for the bootstrap policy)."""
     check_policy_dir(tmp_dir)
-    digest = content_hash(tmp_dir)
+    files = file_hashes(tmp_dir)
+    digest = _listing_hash(files)
     meta = {
         "policy_version": version,
         "parent_version": parent["policy_version"] if parent else None,
         "iteration": iteration,
         "content_hash": digest,
+        "tokenizer_hash": tokenizer_hash(tmp_dir),
+        "files": files,
         "lineage": [{"policy_version": version, "content_hash": digest}] + (parent["lineage"] if parent else []),
     }
     (tmp_dir / METADATA).write_text(json.dumps(meta, indent=2) + "\n")

@@ -45,12 +45,14 @@ class _Tee:
         sys.stdout.flush()
         sys.stderr.flush()
         self.saved = {}
+        self.pids = []
         for fd in (1, 2):
             self.saved[fd] = os.dup(fd)
             tee = subprocess.Popen(["tee", "-p", "-a", str(path)], stdin=subprocess.PIPE, stdout=self.saved[fd],
                                    start_new_session=True)
             os.dup2(tee.stdin.fileno(), fd)
             tee.stdin.close()
+            self.pids.append(tee.pid)
 
     def close(self) -> None:
         """Point stdout and stderr back at the terminal; each tee ends once the last writer has exited."""
@@ -64,7 +66,7 @@ class _Tee:
 _tee: _Tee | None = None
 
 
-def _close_log() -> None:
+def close_log() -> None:
     global _tee
     if _tee is not None:
         _tee.close()
@@ -73,7 +75,8 @@ def _close_log() -> None:
 
 def parse(description: str, *names: str) -> tuple[argparse.Namespace, Config]:
     """Parse a stage's arguments and params; from here on its output is also logged to
-    logs/<stage>/<iteration>.log (logs/<stage>.log for stages without an iteration)."""
+    logs/<stage>/<iteration>.log (logs/<stage>.log for stages without an iteration), and a reaper
+    (burstrl.reaper) stops what the stage started if the stage dies."""
     global _tee
     parser = argparse.ArgumentParser(description=description)
     for name in names:
@@ -83,7 +86,10 @@ def parse(description: str, *names: str) -> tuple[argparse.Namespace, Config]:
     name = Path(parser.prog).stem
     log = Path("logs") / name / f"{args.iteration}.log" if "iteration" in names else Path("logs") / f"{name}.log"
     _tee = _Tee(log)
-    atexit.register(_close_log)
+    atexit.register(close_log)
+    subprocess.Popen([sys.executable, "-m", "burstrl.reaper", str(os.getpid()), *map(str, _tee.pids)],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True)
     try:
         return args, load_config(args.params)
     except (ConfigError, OmegaConfBaseException) as err:
@@ -108,5 +114,5 @@ def finish() -> None:
     """End a stage that ran vLLM once its outputs are in place. Interpreter teardown is skipped: vLLM's
     native threads can abort it ("terminate called without an active exception"), which would turn a
     finished stage, whose files are already renamed into place, into a failed one."""
-    _close_log()
+    close_log()
     os._exit(0)

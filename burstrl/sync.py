@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from burstrl import faults
 from burstrl.policy import file_hashes
 
 
@@ -82,6 +83,7 @@ def sync_checkpoint(src: Path, version: str, content_hash: str, spec: str, ssh_c
     done = subprocess.run(rsync, capture_output=True, text=True)
     if done.returncode != 0:
         raise SyncError(f"rsync to {spec} failed ({done.returncode}): {done.stderr.strip()}")
+    faults.point("sync_transfer")
 
     expected = file_hashes(src, skip=())
     got = remote_hashes(target, incoming, ssh)

@@ -11,15 +11,20 @@ colocated loop, all forced by the decoupled pipeline:
   - the loss is `burstrl.objective.grpo_loss`: TRL's, plus the KL estimator choice and a loss mask for rows
     `burstrl.batch.select_rows` leaves out; the importance weight is TRL's vLLM correction, fed from Parquet;
   - reference logprobs come from the score stage, so TRL is built with beta=0 (it would otherwise load a
-    second copy of the policy as its reference) and the KL coefficient is set afterwards.
+    second copy of the policy as its reference) and the KL coefficient is set afterwards;
+  - with a `work` directory, the prepared batch is saved there before the first step and checkpoints are
+    marked complete (burstrl.trainstate), so a resumed run takes the same slices of the same batch; a slice
+    is chosen by the optimizer step, which a resumed Trainer restores, not by TRL's own call counter.
 """
+
+from pathlib import Path
 
 import torch
 from torch.utils.data import SequentialSampler
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import pad
 
-from burstrl import objective
+from burstrl import faults, objective, trainstate
 from burstrl.config import TrainConfig
 
 
@@ -28,12 +33,36 @@ def _precomputed(*args, **kwargs):
 
 
 class RolloutGRPOTrainer(GRPOTrainer):
-    def __init__(self, *, train: TrainConfig, **kwargs):
+    def __init__(self, *, train: TrainConfig, work: Path | None = None, **kwargs):
         super().__init__(reward_funcs=[_precomputed], **kwargs)
         self.beta = train.beta
         self.train_config = train
+        self.work = work
         self.start_metrics: dict = {}
         self.row_report: dict = {}
+
+    def _prepare_inputs(self, generation_batch):
+        if not self.model.training:
+            return super()._prepare_inputs(generation_batch)
+        saved = self.work / trainstate.BATCH if self.work else None
+        if self._buffered_inputs is None and saved and saved.is_file():
+            state = torch.load(saved, map_location=self.accelerator.device)
+            self._buffered_inputs = state["steps"]
+            self.start_metrics, self.row_report = state["start_metrics"], state["row_report"]
+        elif self._buffered_inputs is None:
+            super()._prepare_inputs(generation_batch)
+            if saved:
+                tmp = saved.with_name(f".{saved.name}.tmp")
+                torch.save({"steps": self._buffered_inputs, "start_metrics": self.start_metrics,
+                            "row_report": self.row_report}, tmp)
+                tmp.replace(saved)
+        return self._buffered_inputs[self.state.global_step % self.args.steps_per_generation]
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        checkpoint = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
+        faults.point("checkpoint_write")
+        trainstate.mark_complete(checkpoint, self.state.global_step)
 
     def _get_train_sampler(self, dataset=None):
         # Rows are completions, not prompts to repeat; TRL shuffles the generation batch itself.
@@ -158,6 +187,7 @@ def grpo_config(*, output_dir: str, rollouts: int, train: TrainConfig, temperatu
         use_cpu=train.device == "cpu",
         remove_unused_columns=False,
         logging_steps=1,
+        # burstrl.trainstate.Cadence decides when to save; the Trainer's own schedule stays off.
         save_strategy="no",
         report_to="none",
         disable_tqdm=False,

@@ -2,67 +2,97 @@
 
 With --weights DIR the sampler runs DIR instead, a copy of PARENT with changed weights (see
 burstrl.policy.mark_derived): rows keep PARENT's version and hash and name DIR's variant in `sampler_weights`.
+Prompts are sampled in shards of resume.shard_prompts; a killed run keeps its finished shards (docs/resume.md).
 """
 
+from dataclasses import asdict
 from pathlib import Path
 
 import pyarrow as pa
 from transformers import AutoTokenizer
 
-from burstrl import engine
-from burstrl.contract import ROLLOUT_FIELDS, read_task, write_table
-from burstrl.policy import read_metadata, read_variant
+from burstrl import engine, faults
+from burstrl.contract import ROLLOUT_FIELDS, read_rollouts, read_task, write_table
+from burstrl.policy import content_hash, file_sha256, read_metadata, read_variant
+from burstrl.resume import Shards, WorkDir
 from burstrl.stage import finish, parse, stage, write_json
 from burstrl.task import check_fits, draw_prompts
+
+
+def rollout_table(prompts: pa.Table, prompt_ids, seeds, groups, stamp: dict) -> pa.Table:
+    """One row per completion of `groups` (the samples of each prompt), with the sampler's `stamp` columns."""
+    rows = [(i, k, s) for i, group in enumerate(groups) for k, s in enumerate(group)]
+    take = [i for i, _, _ in rows]
+    table = pa.table({
+        "sample_index": pa.array([k for _, k, _ in rows], pa.int32()),
+        "prompt_ids": [prompt_ids[i] for i in take],
+        "completion": [s.text for _, _, s in rows],
+        "completion_ids": [s.completion_ids for _, _, s in rows],
+        "sampler_logprobs": [s.logprobs for _, _, s in rows],
+        "finish_reason": [s.finish_reason for _, _, s in rows],
+        **{name: [value] * len(rows) for name, value in stamp.items()},
+        "seed": [seeds[i] for i in take],
+    })
+    task_columns = prompts.take(take)
+    for name in task_columns.column_names:
+        table = table.append_column(name, task_columns[name])
+    return table
+
 
 if __name__ == "__main__":
     args, cfg = parse(__doc__, "iteration", "parent", "--weights")
     g = cfg.generate
     metrics: dict = {}
+    out = Path(f"data/rollouts/{args.iteration}.parquet")
     with stage("generate", metrics):
         policy = Path("checkpoints") / args.parent
         meta = read_metadata(policy)
         weights = Path(args.weights) if args.weights else policy
         variant = read_variant(weights, meta) if args.weights else "checkpoint"
         tokenizer = AutoTokenizer.from_pretrained(policy)
-        prompts = draw_prompts(read_task(Path("data/task/train.parquet")), g.prompts_per_iteration, seed=cfg.seed,
+        task_file = Path("data/task/train.parquet")
+        prompts = draw_prompts(read_task(task_file), g.prompts_per_iteration, seed=cfg.seed,
                                iteration=int(args.iteration))
         prompt_ids = [tokenizer(p)["input_ids"] for p in prompts["prompt"].to_pylist()]
         check_fits(prompts, prompt_ids, g.max_tokens, cfg.model.max_len)
-        # One seed per prompt: a group can be regenerated alone and come out the same.
+        # One seed per prompt: a group, and so a shard, can be regenerated alone and come out the same.
         seeds = [cfg.seed * 1_000_003 + int(args.iteration) * 100_003 + pid for pid in prompts["prompt_id"].to_pylist()]
-        with engine.running(weights, cfg.inference, cfg.model.max_len, cfg.seed) as llm:
-            groups = engine.sample(llm, prompt_ids, seeds, n=g.num_generations, temperature=g.temperature,
-                                   top_p=g.top_p, max_tokens=g.max_tokens)
-
-        rows = [(i, k, s) for i, group in enumerate(groups) for k, s in enumerate(group)]
-        take = [i for i, _, _ in rows]
-        task_columns = prompts.take(take)
-        n = len(rows)
-        table = pa.table({
-            "sample_index": [k for _, k, _ in rows],
-            "prompt_ids": [prompt_ids[i] for i in take],
-            "completion": [s.text for _, _, s in rows],
-            "completion_ids": [s.completion_ids for _, _, s in rows],
-            "sampler_logprobs": [s.logprobs for _, _, s in rows],
-            "finish_reason": [s.finish_reason for _, _, s in rows],
-            "policy_version": [meta["policy_version"]] * n,
-            "policy_hash": [meta["content_hash"]] * n,
-            "sampler_weights": [variant] * n,
-            "temperature": [g.temperature] * n,
-            "top_p": [g.top_p] * n,
-            "seed": [seeds[i] for i in take],
+        stamp = {"policy_version": meta["policy_version"], "policy_hash": meta["content_hash"],
+                 "sampler_weights": variant, "tokenizer_hash": meta["tokenizer_hash"],
+                 "temperature": g.temperature, "top_p": g.top_p}
+        work = WorkDir("generate", args.iteration, {
+            "task": file_sha256(task_file), "policy": meta["content_hash"],
+            "weights": content_hash(weights) if args.weights else meta["content_hash"], "seed": cfg.seed,
+            "max_len": cfg.model.max_len, "inference": asdict(cfg.inference), "generate": asdict(g),
+            "shard_prompts": cfg.resume.shard_prompts,
         })
-        for name in task_columns.column_names:
-            table = table.append_column(name, task_columns[name])
-        write_table(table, ROLLOUT_FIELDS, Path(f"data/rollouts/{args.iteration}.parquet"))
-        lengths = [len(s.completion_ids) for _, _, s in rows]
+        shards = Shards(work, len(prompt_ids), cfg.resume.shard_prompts)
+        pending = shards.pending()
+        if len(pending) < len(shards.bounds):
+            print(f"generate {args.iteration}: resuming: {len(shards.bounds) - len(pending)}/{len(shards.bounds)} "
+                  f"shards saved by an interrupted run")
+        if pending:
+            with engine.running(weights, cfg.inference, cfg.model.max_len, cfg.seed) as llm:
+                for k in pending:
+                    lo, hi = shards.bounds[k]
+                    groups = engine.sample(llm, prompt_ids[lo:hi], seeds[lo:hi], n=g.num_generations,
+                                           temperature=g.temperature, top_p=g.top_p, max_tokens=g.max_tokens)
+                    faults.point("generate_shard")
+                    shards.save(k, rollout_table(prompts.slice(lo, hi - lo), prompt_ids[lo:hi], seeds[lo:hi], groups,
+                                                 stamp))
+        write_table(shards.load(), ROLLOUT_FIELDS, out)
+        table = read_rollouts(out)
+        lengths = [len(ids) for ids in table["completion_ids"].to_pylist()]
+        n = len(lengths)
         metrics.update({
             "rollouts": n,
             "completion_length_mean": sum(lengths) / n,
-            "truncated": sum(s.finish_reason == "length" for _, _, s in rows),
+            "truncated": table["finish_reason"].to_pylist().count("length"),
             "generated_tokens": sum(lengths),
+            "shards": len(shards.bounds),
+            "shards_resumed": len(shards.bounds) - len(pending),
         })
     write_json(Path(f"metrics/generate/{args.iteration}.json"), metrics)
+    work.finish()
     print(f"generate {args.iteration}: {n} completions from policy {args.parent} ({variant}) in {metrics['seconds']}s")
     finish()

@@ -2,17 +2,21 @@
 
 The reference is the frozen bootstrap policy (checkpoints/000), run in vLLM over prompt + completion token
 ids with prompt_logprobs, so its logprobs line up token for token with the sampled completion. With
-train.beta = 0 there is no KL term, so the reference is not run and `ref_logprobs` is null.
+train.beta = 0 there is no KL term, so the reference is not run and `ref_logprobs` is null. The reference
+pass runs in shards of resume.shard_prompts groups' rows; a killed run keeps its finished shards. Rewards
+are recomputed on every run: rule-based verifiers take milliseconds.
 """
 
+from dataclasses import asdict
 from pathlib import Path
 
 import pyarrow as pa
 
-from burstrl import engine
+from burstrl import engine, faults
 from burstrl.advantages import group_advantages, zero_variance_groups
-from burstrl.contract import ROLLOUT_FIELDS, SCORED_FIELDS, read_rollouts, write_table
-from burstrl.policy import read_metadata
+from burstrl.contract import ROLLOUT_FIELDS, SCORED_FIELDS, check_tokens, read_rollouts, write_table
+from burstrl.policy import file_sha256, read_metadata
+from burstrl.resume import Shards, WorkDir
 from burstrl.rewards import score_table
 from burstrl.stage import finish, parse, stage, write_json
 
@@ -32,28 +36,50 @@ if __name__ == "__main__":
         groups = rollouts["prompt_id"].to_pylist()
         advantages = group_advantages(rewards, groups, baseline=s.advantage_baseline, scale=s.scale_rewards)
 
+        shards_resumed = 0
         if cfg.train.beta:
-            read_metadata(REFERENCE)
-            with engine.running(REFERENCE, cfg.inference, cfg.model.max_len, cfg.seed) as llm:
-                ref = engine.token_logprobs(llm, rollouts["prompt_ids"].to_pylist(),
-                                            rollouts["completion_ids"].to_pylist())
+            reference = read_metadata(REFERENCE)
+            check_tokens(source, rollouts, REFERENCE, reference)
+            work = WorkDir("score", args.iteration, {
+                "rollouts": file_sha256(source), "reference": reference["content_hash"], "seed": cfg.seed,
+                "max_len": cfg.model.max_len, "inference": asdict(cfg.inference),
+                "shard_prompts": cfg.resume.shard_prompts,
+            })
+            shards = Shards(work, len(rollouts), cfg.resume.shard_prompts * cfg.generate.num_generations)
+            pending = shards.pending()
+            shards_resumed = len(shards.bounds) - len(pending)
+            if shards_resumed:
+                print(f"score {args.iteration}: resuming: {shards_resumed}/{len(shards.bounds)} reference shards "
+                      "saved by an interrupted run")
+            if pending:
+                with engine.running(REFERENCE, cfg.inference, cfg.model.max_len, cfg.seed) as llm:
+                    for k in pending:
+                        part = rollouts.slice(shards.bounds[k][0], shards.bounds[k][1] - shards.bounds[k][0])
+                        ref = engine.token_logprobs(llm, part["prompt_ids"].to_pylist(),
+                                                    part["completion_ids"].to_pylist())
+                        faults.point("score_shard")
+                        shards.save(k, pa.table({"ref_logprobs": pa.array(ref, pa.list_(pa.float32()))}))
+            ref_column = shards.load()["ref_logprobs"]
         else:
             print("score: train.beta is 0, so no KL term: skipping reference logprobs (ref_logprobs is null)")
-            ref = [None] * len(rollouts)
+            work = None
+            ref_column = pa.nulls(len(rollouts), pa.list_(pa.float32()))
 
         scored = (rollouts
                   .append_column("rewards", pa.array(list(zip(*per_function, strict=True)), pa.list_(pa.float32())))
                   .append_column("reward", pa.array(rewards, pa.float32()))
                   .append_column("advantage", pa.array(advantages, pa.float32()))
-                  .append_column("ref_logprobs", pa.array(ref, pa.list_(pa.float32()))))
+                  .append_column("ref_logprobs", ref_column))
         write_table(scored, SCORED_FIELDS, Path(f"data/scored/{args.iteration}.parquet"))
         for name, values in zip(s.reward_funcs, per_function, strict=True):
             present = [v for v in values if v is not None]
             metrics[f"reward/{name}"] = sum(present) / max(1, len(present))
         metrics.update({"reward_mean": sum(rewards) / len(rewards), "rollouts": len(rewards),
                         "groups": len(set(groups)), "groups_zero_variance": len(zero_variance_groups(rewards, groups)),
-                        "reference_logprobs": bool(cfg.train.beta)})
+                        "reference_logprobs": bool(cfg.train.beta), "shards_resumed": shards_resumed})
     write_json(Path(f"metrics/score/{args.iteration}.json"), metrics)
+    if work is not None:
+        work.finish()
     print(f"score {args.iteration}: mean reward {metrics['reward_mean']:.3f}, "
           f"{metrics['groups_zero_variance']}/{metrics['groups']} groups without reward variance")
     finish()

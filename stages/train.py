@@ -1,22 +1,31 @@
 """train ITER PARENT: one GRPO update of checkpoints/PARENT on data/scored/ITER.parquet -> checkpoints/ITER.
 
 Also writes data/weights/ITER.parquet (each row's staleness, whether the loss used it, and its per-token
-proximal logprobs and importance weights) and metrics/train/ITER.json.
+proximal logprobs and importance weights) and metrics/train/ITER.json. Resumable (docs/resume.md): it saves
+checkpoints into build/resume/train/ITER and continues from the newest; before a deadline it saves, stops
+and exits with status 75 (partial), and the next `dvc repro` continues it.
 """
 
+import sys
+import time
+from dataclasses import asdict
 from pathlib import Path
 
 import datasets
+import psutil
 import pyarrow as pa
 from dvclive import Live
+from dvclive.utils import standardize_metric_name
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from transformers.integrations import DVCLiveCallback
 
+from burstrl import resume, trainstate
 from burstrl.batch import check_batch, select_rows, staleness
-from burstrl.contract import WEIGHT_FIELDS, read_scored, write_table
-from burstrl.policy import publish_policy, read_metadata, staging_dir
-from burstrl.stage import parse, stage, write_json
+from burstrl.contract import WEIGHT_FIELDS, check_tokens, read_scored, write_table
+from burstrl.policy import file_sha256, publish_policy, read_metadata, staging_dir
+from burstrl.stage import close_log, parse, stage, write_json
 from burstrl.trainer import RolloutGRPOTrainer, grpo_config
+
+PARTIAL = 75  # EX_TEMPFAIL: stopped on purpose with a checkpoint; run again to continue
 
 
 def mean_of(history: list[dict], key: str) -> float | None:
@@ -24,36 +33,75 @@ def mean_of(history: list[dict], key: str) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def write_curves(directory: str, args, history: list[dict]) -> None:
+    """Step-level curves (loss, KL, entropy, clip ratio per optimizer step) for `dvc plots show`, from the
+    Trainer's log history, which a resumed Trainer restores: the steps stay continuous across a resume.
+    dvcyaml=None keeps DVCLive from editing dvc.yaml, which declares these files itself."""
+    live = Live(dir=directory, dvcyaml=None, save_dvc_exp=False)
+    live.log_params(args.to_dict())
+    for entry in history:
+        if "train_runtime" in entry:
+            continue
+        live.step = entry["step"]
+        for key, value in entry.items():
+            if key != "step" and isinstance(value, int | float):
+                live.log_metric(standardize_metric_name(key, "dvclive.huggingface"), value)
+    live.end()
+
+
 if __name__ == "__main__":
     args, cfg = parse(__doc__, "iteration", "parent")
     metrics: dict = {}
     out = Path("checkpoints") / args.iteration
     with stage("train", metrics):
+        deadline = resume.deadline(cfg.resume.deadline, started=psutil.Process().create_time())
         source = Path(f"data/scored/{args.iteration}.parquet")
         table = read_scored(source)
         parent = Path("checkpoints") / args.parent
         parent_meta = read_metadata(parent)
+        check_tokens(source, table, parent, parent_meta)
         temperature = check_batch(source, table, beta=cfg.train.beta, expected_rows=cfg.rollouts_per_iteration)
         lags = staleness(source, table, parent_meta)
         selection = select_rows(source, table, lags, cfg.train)
+        g = cfg.generate
+        work = resume.WorkDir("train", args.iteration, {
+            "scored": file_sha256(source), "parent": parent_meta["content_hash"], "seed": cfg.seed,
+            "generate": [g.num_generations, g.max_tokens, g.prompts_per_iteration], "train": asdict(cfg.train),
+        })
+        for broken in trainstate.discard_incomplete(work.path):
+            print(f"train {args.iteration}: discarded {broken}, which a kill interrupted while it was written")
+        saved = resume.checkpoints(work.path)
+        start_step = saved[-1][0] if saved else 0
+        if saved:
+            print(f"train {args.iteration}: resuming from {saved[-1][1]} (step {start_step})")
+        if deadline is not None and deadline - time.time() < cfg.resume.deadline_margin_seconds:
+            print(f"train {args.iteration}: the deadline is {deadline - time.time():.0f}s away, inside the "
+                  f"{cfg.resume.deadline_margin_seconds:.0f}s margin: not starting", file=sys.stderr)
+            close_log()
+            sys.exit(PARTIAL)
         tokenizer = AutoTokenizer.from_pretrained(parent)
         model = AutoModelForCausalLM.from_pretrained(parent)
-        tmp = staging_dir(out)
-        # Step-level curves (loss, KL, entropy, clip ratio per optimizer step) for `dvc plots show`;
-        # dvcyaml=None keeps DVCLive from editing dvc.yaml, which declares these files itself.
-        live = Live(dir=f"dvclive/train/{args.iteration}", dvcyaml=None, save_dvc_exp=False)
+        r = cfg.resume
+        cadence = trainstate.Cadence(r.checkpoint_every_steps, r.checkpoint_every_minutes, deadline,
+                                     r.deadline_margin_seconds)
         trainer = RolloutGRPOTrainer(
             model=model,
             processing_class=tokenizer,
-            # A fixed scratch path (TRL saves nothing there), so DVCLive's copy of the arguments is stable.
-            args=grpo_config(output_dir=f"build/trainer/{args.iteration}", rollouts=len(table), train=cfg.train,
-                             temperature=temperature, max_completion_length=cfg.generate.max_tokens,
-                             num_generations=cfg.generate.num_generations, seed=cfg.seed),
+            args=grpo_config(output_dir=str(work.path), rollouts=len(table), train=cfg.train,
+                             temperature=temperature, max_completion_length=g.max_tokens,
+                             num_generations=g.num_generations, seed=cfg.seed),
             train_dataset=datasets.Dataset(table.append_column("keep", pa.array(selection.keep))),
             train=cfg.train,
-            callbacks=[DVCLiveCallback(live=live)],
+            work=work.path,
+            callbacks=[cadence],
         )
-        trainer.train()
+        trainer.train(resume_from_checkpoint=str(saved[-1][1]) if saved else None)
+        steps = trainer.state.global_step
+        if cadence.stopped_for_deadline:
+            print(f"train {args.iteration}: stopped for the deadline after step {steps}/{trainer.state.max_steps}; "
+                  f"checkpoint in {work.path}/checkpoint-{steps}; `dvc repro` continues it", file=sys.stderr)
+            close_log()
+            sys.exit(PARTIAL)
         history = trainer.state.log_history
         for key in ("loss", "kl", "entropy", "clip_ratio", "grad_norm"):
             value = mean_of(history, key)
@@ -62,7 +110,9 @@ if __name__ == "__main__":
         metrics.update(trainer.start_metrics)
         metrics.update(selection.counts)
         metrics["staleness"] = selection.staleness
-        metrics["optimizer_steps"] = trainer.state.global_step
+        metrics["optimizer_steps"] = steps
+        metrics["resumed_from_step"] = start_step
+        tmp = staging_dir(out)
         trainer.model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         publish_policy(tmp, out, version=args.iteration, parent=parent_meta, iteration=int(args.iteration))
@@ -71,7 +121,9 @@ if __name__ == "__main__":
             "keep": selection.keep, **trainer.row_report,
         })
         write_table(weights, WEIGHT_FIELDS, Path(f"data/weights/{args.iteration}.parquet"))
+        write_curves(f"dvclive/train/{args.iteration}", trainer.args, history)
     write_json(Path(f"metrics/train/{args.iteration}.json"), metrics)
-    print(f"train {args.iteration}: {metrics['optimizer_steps']} steps on {metrics['rows_kept']}/{len(table)} rows, "
+    work.finish()
+    print(f"train {args.iteration}: {steps} steps on {metrics['rows_kept']}/{len(table)} rows, "
           f"sampler KL {metrics['sampler_kl']:.4f}, IS weights clipped {metrics['is_clipped_fraction']:.1%}, "
           f"kl {metrics.get('kl', 0):.4f} in {metrics['seconds']}s")

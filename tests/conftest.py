@@ -23,6 +23,7 @@ def rollout_rows(groups: int = 2, size: int = 2) -> list[dict]:
                 "prompt_id": pid, "sample_index": k, "prompt": f"{pid}+1=", "prompt_ids": [1, 4 + pid, 13, 5, 16],
                 "completion": str(pid + 1), "completion_ids": [5 + pid, 2], "sampler_logprobs": [-0.5, -0.25],
                 "finish_reason": "stop", "policy_version": "000", "policy_hash": "abc", "sampler_weights": "checkpoint",
+                "tokenizer_hash": "tok",
                 "temperature": 1.0,
                 "top_p": 1.0, "seed": 11, "answer": str(pid + 1),
                 "rewards": [float(k)], "reward": float(k), "advantage": float(k) - 0.5, "ref_logprobs": [-0.4, -0.3],

@@ -1,5 +1,6 @@
 """The stage data contract: good files read back, each kind of bad file is named precisely and left in place."""
 
+import json
 import math
 
 import pyarrow as pa
@@ -12,6 +13,7 @@ from burstrl.contract import (
     SCORED_FIELDS,
     TASK_FIELDS,
     ContractError,
+    check_tokens,
     read_rollouts,
     read_scored,
     read_task,
@@ -111,3 +113,26 @@ def test_task_table_with_duplicate_prompt_ids_is_rejected(tmp_path):
                             schema=pa.schema(TASK_FIELDS)), path)
     with pytest.raises(ContractError, match=r"train\.parquet: row 2: field 'prompt_id': 3 appears twice"):
         read_task(path)
+
+
+def test_token_ids_must_come_from_the_policys_tokenizer_and_vocabulary(tmp_path):
+    policy = tmp_path / "policy"
+    policy.mkdir()
+    (policy / "config.json").write_text(json.dumps({"vocab_size": 7}))
+    rows = rollout_rows()  # token ids up to 16 (prompt_ids), tokenizer_hash "tok"
+    path = write(tmp_path, rows)
+    table = read_rollouts(path)
+    with pytest.raises(ContractError, match=r"row 0 \(prompt_id=0, sample_index=0\): field 'tokenizer_hash': is tok, "
+                                            r"but .*policy tokenizes with other: its token ids would mean other text"):
+        check_tokens(path, table, policy, {"tokenizer_hash": "other"})
+    with pytest.raises(ContractError, match=r"row 0 .*field 'prompt_ids': holds a token id outside .*vocabulary of 7"):
+        check_tokens(path, table, policy, {"tokenizer_hash": "tok"})
+    (policy / "config.json").write_text(json.dumps({"vocab_size": 17}))
+    for row in rows:
+        row["completion_ids"] = [5, 17] if row["prompt_id"] == 1 and row["sample_index"] == 1 else [5, 2]
+    path = write(tmp_path, rows)
+    with pytest.raises(ContractError, match=r"row 3 .*field 'completion_ids': holds a token id outside"):
+        check_tokens(path, read_rollouts(path), policy, {"tokenizer_hash": "tok"})
+    rows[3]["completion_ids"] = [5, 16]
+    path = write(tmp_path, rows)
+    check_tokens(path, read_rollouts(path), policy, {"tokenizer_hash": "tok"})

@@ -58,7 +58,8 @@ def make_batch(tokenizer, prompt_ids, policy, reference):
                 "prompt_id": pid, "sample_index": k, "prompt": PROMPTS[pid], "prompt_ids": ids,
                 "completion": tokenizer.decode(completion, skip_special_tokens=True), "completion_ids": completion,
                 "sampler_logprobs": sampler, "finish_reason": "length" if k == 3 else "stop",
-                "policy_version": "000", "policy_hash": "h", "sampler_weights": "checkpoint", "temperature": 1.0,
+                "policy_version": "000", "policy_hash": "h", "sampler_weights": "checkpoint", "tokenizer_hash": "t",
+                "temperature": 1.0,
                 "top_p": 1.0, "seed": pid, "rewards": [float(k % 3)], "reward": float(k % 3),
                 "ref_logprobs": completion_logprobs(reference, ids, completion),
             })

@@ -1,5 +1,6 @@
 """Checkpoint directories and sync: real rsync, to a local directory and over SSH to 127.0.0.1."""
 
+import hashlib
 import json
 import os
 
@@ -40,13 +41,40 @@ def test_publish_stamps_lineage_and_hash_of_everything_but_metadata(tmp_path):
     policy = fake_policy(tmp_path)
     meta = read_metadata(policy)
     digest = content_hash(policy)
+    empty, weights = hashlib.sha256(b"{}").hexdigest(), hashlib.sha256(b"w" * 1000).hexdigest()
+    files = {"config.json": empty, "model.safetensors": weights, "tokenizer.json": empty,
+             "tokenizer_config.json": empty}
+    assert digest == hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+    # Only the vocabulary files (here tokenizer.json) define the tokenizer hash.
+    vocabulary = hashlib.sha256(json.dumps({"tokenizer.json": empty}).encode()).hexdigest()
     assert meta == {"policy_version": "000", "parent_version": None, "iteration": 0, "content_hash": digest,
+                    "tokenizer_hash": vocabulary, "files": files,
                     "lineage": [{"policy_version": "000", "content_hash": digest}]}
     assert not (tmp_path / ".000.tmp").exists()
     child = read_metadata(fake_policy(tmp_path, "001", weights=b"x" * 1000, parent=meta))
     assert child["content_hash"] != digest
     assert child["parent_version"] == "000"
     assert child["lineage"] == [{"policy_version": "001", "content_hash": child["content_hash"]}] + meta["lineage"]
+
+
+def test_half_copied_or_edited_checkpoint_is_named_not_loaded(tmp_path):
+    policy = fake_policy(tmp_path)
+    whole = (policy / "model.safetensors").read_bytes()
+    (policy / "model.safetensors").write_bytes(whole[:300])
+    with pytest.raises(ContractError, match=r"000: files do not match burstrl.json \(a half-copied or edited "
+                                            r"checkpoint\): differ from the recorded sha256: model.safetensors$"):
+        read_metadata(policy)
+    (policy / "model.safetensors").write_bytes(whole)
+    (policy / "tokenizer_config.json").unlink()
+    (policy / "notes.txt").write_text("x")
+    with pytest.raises(ContractError, match="000: policy directory has no tokenizer_config.json"):
+        read_metadata(policy)
+    (policy / "tokenizer_config.json").write_text("{}")
+    with pytest.raises(ContractError, match="checkpoint\\): unrecorded: notes.txt$"):
+        read_metadata(policy)
+    (policy / "notes.txt").unlink()
+    assert (policy / "model.safetensors").read_bytes() == whole
+    assert read_metadata(policy)["policy_version"] == "000"
 
 
 def test_derived_copy_must_name_its_source(tmp_path):

@@ -1,0 +1,74 @@
+"""Resumable training: when to save a checkpoint, which saved one to continue from, and the deadline.
+
+The Trainer writes `checkpoint-<step>/` (weights, optimizer, scheduler, RNG states, trainer state) into the
+train stage's work directory (burstrl.resume). It writes those files one by one, so a checkpoint counts only
+once `COMPLETE` is in it; the rollout batch as the trainer prepared it (proximal logprobs, shuffled and
+sliced into steps) is saved beside them once, so a resumed run continues with exactly the data it left.
+"""
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+from burstrl import faults
+from burstrl.resume import COMPLETE, checkpoints
+
+BATCH = "batch.pt"
+
+
+def discard_incomplete(work: Path) -> list[Path]:
+    """Remove checkpoints a kill interrupted while they were being written; returns what was removed."""
+    broken = [p for p in work.glob("checkpoint-*") if p.is_dir() and not (p / COMPLETE).is_file()]
+    for path in broken:
+        shutil.rmtree(path)
+    return broken
+
+
+def mark_complete(checkpoint: Path, step: int, keep: int = 1) -> None:
+    """Declare `checkpoint` whole, then drop older complete ones beyond the newest `keep`."""
+    tmp = checkpoint / f".{COMPLETE}.tmp"
+    tmp.write_text(json.dumps({"step": step}) + "\n")
+    tmp.replace(checkpoint / COMPLETE)
+    for _, old in checkpoints(checkpoint.parent)[:-keep]:
+        shutil.rmtree(old)
+
+
+class Cadence(TrainerCallback):
+    """Asks the Trainer for a checkpoint every `every_steps` steps or `every_minutes`, and for a checkpoint and
+    a stop when the next step and save might not finish `margin` seconds before `deadline` (time.time())."""
+
+    def __init__(self, every_steps: int, every_minutes: float, deadline: float | None, margin: float):
+        self.every_steps, self.every_seconds = every_steps, every_minutes * 60
+        self.deadline, self.margin = deadline, margin
+        self.last_save = self.step_started = time.time()
+        self.longest_step = self.longest_save = 0.0
+        self.stopped_for_deadline = False
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.step_started = time.time()
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        faults.point("optimizer_step")  # gradients computed, weights not yet updated
+
+    def on_step_end(self, args, state, control, **kwargs):
+        now = time.time()
+        self.longest_step = max(self.longest_step, now - self.step_started)
+        if self.every_steps and state.global_step % self.every_steps == 0:
+            control.should_save = True
+        if self.every_seconds and now - self.last_save >= self.every_seconds:
+            control.should_save = True
+        # Until a save has been timed, assume one costs as much as a step.
+        save = self.longest_save or self.longest_step
+        if (self.deadline is not None and state.global_step < state.max_steps
+                and now + self.longest_step + save + self.margin >= self.deadline):
+            control.should_save = True
+            control.should_training_stop = True
+            self.stopped_for_deadline = True
+        self.save_started = now
+
+    def on_save(self, args, state, control, **kwargs):
+        self.last_save = time.time()
+        self.longest_save = max(self.longest_save, self.last_save - self.save_started)
