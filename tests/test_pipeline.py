@@ -17,6 +17,7 @@ from conftest import run, scratch_workspace
 from safetensors.torch import load_file
 
 from burstrl.contract import ROLLOUT_FIELDS, SCORED_FIELDS, read_rollouts, read_scored, write_table
+from burstrl.policy import publish_policy, staging_dir
 
 pytestmark = pytest.mark.slow
 
@@ -114,13 +115,19 @@ def test_adding_a_lagged_iteration_runs_exactly_that_iteration_on_stale_rollouts
     assert train["sampler_kl"] > 0 and train["is_weight_mean"] != 1.0
 
 
-def stage_fails(root, env, cmd, message, keep):
-    before = {p: p.read_bytes() for p in keep}
+def snapshot(root) -> dict:
+    return {p: p.read_bytes() for d in ("data", "checkpoints", "metrics", "dvclive") for p in (root / d).rglob("*")
+            if p.is_file()}
+
+
+def stage_fails(root, env, cmd, message):
+    """The stage exits with status 1 and one line naming the problem; every file written earlier is intact."""
+    before = snapshot(root)
     done = run(["python", *cmd], root, env, check=False)
     assert done.returncode == 1, done.stderr[-2000:]
     assert message in done.stderr
     assert "Traceback" not in done.stderr
-    assert {p: p.read_bytes() for p in keep} == before
+    assert snapshot(root) == before
 
 
 def test_rollouts_missing_a_column_stop_score(ws):
@@ -128,8 +135,7 @@ def test_rollouts_missing_a_column_stop_score(ws):
     bad = root / "data/rollouts/901.parquet"
     pq.write_table(pq.read_table(root / "data/rollouts/001.parquet").drop_columns(["completion_ids"]), bad)
     stage_fails(root, env, ["stages/score.py", "901"],
-                "data/rollouts/901.parquet: schema: field 'completion_ids': column is missing",
-                [root / "data/scored/001.parquet", bad])
+                "data/rollouts/901.parquet: schema: field 'completion_ids': column is missing")
     assert not (root / "data/scored/901.parquet").exists()
 
 
@@ -138,7 +144,7 @@ def test_rollouts_with_unequal_lengths_stop_score(ws):
     rows = pq.read_table(root / "data/rollouts/001.parquet").to_pylist()
     rows[5]["sampler_logprobs"] = rows[5]["sampler_logprobs"] + [-1.0]
     write_table(pa.Table.from_pylist(rows), ROLLOUT_FIELDS, root / "data/rollouts/902.parquet")
-    stage_fails(root, env, ["stages/score.py", "902"], "row 5", [root / "data/rollouts/902.parquet"])
+    stage_fails(root, env, ["stages/score.py", "902"], "row 5")
 
 
 def test_group_of_one_stops_score(ws):
@@ -147,8 +153,7 @@ def test_group_of_one_stops_score(ws):
     lonely = rows[0]["prompt_id"]
     rows = [r for r in rows if r["prompt_id"] != lonely or r["sample_index"] == 0]
     write_table(pa.Table.from_pylist(rows), ROLLOUT_FIELDS, root / "data/rollouts/903.parquet")
-    stage_fails(root, env, ["stages/score.py", "903"], f"group {lonely} has 1 completion; GRPO needs >= 2",
-                [root / "data/rollouts/903.parquet"])
+    stage_fails(root, env, ["stages/score.py", "903"], f"group {lonely} has 1 completion; GRPO needs >= 2")
 
 
 def test_unknown_reward_function_stops_score(ws, tmp_path):
@@ -158,7 +163,7 @@ def test_unknown_reward_function_stops_score(ws, tmp_path):
     params["score"]["reward_weights"] = [1.0]
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(params))
     stage_fails(root, env, ["stages/score.py", "001", "--params", str(tmp_path / "p.yaml")],
-                "unknown reward function 'burstrl.rewards.no_such_reward'", [root / "data/scored/001.parquet"])
+                "unknown reward function 'burstrl.rewards.no_such_reward'")
 
 
 def test_bad_params_stop_a_stage_with_one_line(ws, tmp_path):
@@ -167,7 +172,7 @@ def test_bad_params_stop_a_stage_with_one_line(ws, tmp_path):
     params["train"]["batch_size"] = 7
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(params))
     stage_fails(root, env, ["stages/train.py", "001", "000", "--params", str(tmp_path / "p.yaml")],
-                "train: error: " + str(tmp_path / "p.yaml") + ": train.batch_size=7 must divide", [])
+                "train: error: " + str(tmp_path / "p.yaml") + ": train.batch_size=7 must divide")
 
 
 def test_policy_without_tokenizer_stops_generate(ws):
@@ -175,6 +180,68 @@ def test_policy_without_tokenizer_stops_generate(ws):
     broken = root / "checkpoints/900"
     shutil.copytree(root / "checkpoints/001", broken)
     (broken / "tokenizer.json").unlink()
-    stage_fails(root, env, ["stages/generate.py", "904", "900"], "checkpoints/900: policy directory has no tokenizer",
-                [root / "data/rollouts/001.parquet", broken / "model.safetensors"])
+    stage_fails(root, env, ["stages/generate.py", "904", "900"], "checkpoints/900: policy directory has no tokenizer")
     assert not (root / "data/rollouts/904.parquet").exists()
+
+
+def test_truncated_parquet_stops_score(ws):
+    root, env = ws
+    whole = (root / "data/rollouts/001.parquet").read_bytes()
+    (root / "data/rollouts/910.parquet").write_bytes(whole[: len(whole) // 2])
+    stage_fails(root, env, ["stages/score.py", "910"], "data/rollouts/910.parquet: not a readable Parquet file")
+
+
+def test_wrong_schema_stops_train(ws):
+    root, env = ws
+    scored = pq.read_table(root / "data/scored/001.parquet")
+    column = scored.schema.get_field_index("ref_logprobs")
+    pq.write_table(scored.set_column(column, "ref_logprobs", scored["ref_logprobs"].cast(pa.list_(pa.float64()))),
+                   root / "data/scored/911.parquet")
+    stage_fails(root, env, ["stages/train.py", "911", "000"], "data/scored/911.parquet: schema: field "
+                "'ref_logprobs': dtype is list<element: double>, expected list<item: float>")
+
+
+def test_unequal_reference_lengths_stop_train(ws):
+    root, env = ws
+    rows = pq.read_table(root / "data/scored/001.parquet").to_pylist()
+    rows[3]["ref_logprobs"] = rows[3]["ref_logprobs"][:-1]
+    write_table(pa.Table.from_pylist(rows), SCORED_FIELDS, root / "data/scored/912.parquet")
+    n = len(rows[3]["completion_ids"])
+    stage_fails(root, env, ["stages/train.py", "912", "000"], f"data/scored/912.parquet: row 3 (prompt_id="
+                f"{rows[3]['prompt_id']}, sample_index=3): field 'ref_logprobs': has {n - 1} values for {n} completion")
+
+
+def test_nan_logprobs_stop_score(ws):
+    root, env = ws
+    rows = pq.read_table(root / "data/rollouts/001.parquet").to_pylist()
+    rows[2]["sampler_logprobs"][0] = float("nan")
+    write_table(pa.Table.from_pylist(rows), ROLLOUT_FIELDS, root / "data/rollouts/913.parquet")
+    stage_fails(root, env, ["stages/score.py", "913"], "data/rollouts/913.parquet: row 2 (prompt_id="
+                f"{rows[2]['prompt_id']}, sample_index=2): field 'sampler_logprobs': holds nan")
+
+
+def test_checkpoint_with_another_tokenizer_stops_train(ws):
+    root, env = ws
+    tmp = staging_dir(root / "checkpoints/914")
+    for path in (root / "checkpoints/000").iterdir():
+        if path.name != "burstrl.json":
+            shutil.copy2(path, tmp / path.name)
+    tokenizer = json.loads((tmp / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"]
+    vocab["1"], vocab["2"] = vocab["2"], vocab["1"]  # same size, other text behind two ids
+    (tmp / "tokenizer.json").write_text(json.dumps(tokenizer))
+    other = publish_policy(tmp, root / "checkpoints/914", version="914", parent=None, iteration=914)
+    ours = json.loads((root / "checkpoints/000/burstrl.json").read_text())["tokenizer_hash"]
+    stage_fails(root, env, ["stages/train.py", "001", "914"], f"field 'tokenizer_hash': is {ours[:12]}, but "
+                f"checkpoints/914 tokenizes with {other['tokenizer_hash'][:12]}: its token ids would mean other text")
+
+
+def test_half_copied_checkpoint_stops_generate(ws):
+    root, env = ws
+    broken = root / "checkpoints/915"
+    shutil.copytree(root / "checkpoints/001", broken)
+    whole = (broken / "model.safetensors").read_bytes()
+    (broken / "model.safetensors").write_bytes(whole[: len(whole) // 3])
+    stage_fails(root, env, ["stages/generate.py", "916", "915"], "checkpoints/915: files do not match burstrl.json "
+                "(a half-copied or edited checkpoint): differ from the recorded sha256: model.safetensors")
+    assert not (root / "data/rollouts/916.parquet").exists()

@@ -1,0 +1,146 @@
+"""The pieces resuming is built from: deadlines, work directories, shards, checkpoint markers, the save
+cadence, kill points and the reaper. Real files, real processes and real signals; hand-computed expectations."""
+
+import datetime
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pyarrow as pa
+import pytest
+from transformers import TrainerControl, TrainerState
+
+from burstrl import resume, status, trainstate
+from burstrl.config import ConfigError
+from burstrl.reaper import watch
+
+
+def test_deadline_is_seconds_after_start_or_an_iso_time_and_the_environment_wins(monkeypatch):
+    monkeypatch.delenv("BURSTRL_DEADLINE", raising=False)
+    assert resume.deadline(None, started=1000.0) is None
+    assert resume.deadline("20", started=1000.0) == 1020.0
+    assert resume.deadline("2026-12-02T18:00:00+00:00", started=0.0) == datetime.datetime(
+        2026, 12, 2, 18, tzinfo=datetime.UTC).timestamp()
+    monkeypatch.setenv("BURSTRL_DEADLINE", "2.5")
+    assert resume.deadline("20", started=1000.0) == 1002.5
+    monkeypatch.setenv("BURSTRL_DEADLINE", "tonight")
+    with pytest.raises(ConfigError, match="BURSTRL_DEADLINE is 'tonight': expected seconds"):
+        resume.deadline(None, started=0.0)
+
+
+def test_work_directory_keeps_progress_for_the_same_inputs_only(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    work = resume.WorkDir("generate", "001", {"policy": "abc"})
+    (work.path / "shard-00000-of-00002.parquet").write_text("x")
+    assert (resume.WorkDir("generate", "001", {"policy": "abc"}).path / "shard-00000-of-00002.parquet").exists()
+    assert capsys.readouterr().out == ""
+    again = resume.WorkDir("generate", "001", {"policy": "abd"})
+    assert "generate 001: discarding saved progress in build/resume/generate/001" in capsys.readouterr().out
+    assert [p.name for p in again.path.iterdir()] == ["inputs.json"]
+    again.finish()
+    assert not again.path.exists()
+
+
+def test_shards_cover_the_rows_once_and_an_unreadable_one_is_redone(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    shards = resume.Shards(resume.WorkDir("score", "002", {}), total=10, size=4)
+    assert shards.bounds == [(0, 4), (4, 8), (8, 10)]
+    assert shards.pending() == [0, 1, 2]
+    for k in (0, 2):
+        lo, hi = shards.bounds[k]
+        shards.save(k, pa.table({"row": list(range(lo, hi))}))
+    assert shards.pending() == [1]
+    shards.path(2).write_bytes(b"PAR1 cut short")
+    assert shards.pending() == [1, 2]
+    assert "redoing unreadable shard" in capsys.readouterr().out
+    for k in (1, 2):
+        lo, hi = shards.bounds[k]
+        shards.save(k, pa.table({"row": list(range(lo, hi))}))
+    assert shards.load()["row"].to_pylist() == list(range(10))
+    assert status.progress("score", "002", tmp_path) == "3/3 shards"
+
+
+def test_only_marked_checkpoints_count_and_older_ones_are_dropped(tmp_path):
+    for step in (2, 4, 6):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+    (tmp_path / "checkpoint-2" / resume.COMPLETE).write_text("{}")
+    (tmp_path / "checkpoint-6" / "trainer_state.json").write_text(json.dumps({"max_steps": 8}))
+    trainstate.mark_complete(tmp_path / "checkpoint-4", 4)
+    assert [s for s, _ in resume.checkpoints(tmp_path)] == [4]  # 2 dropped once 4 was complete
+    assert not (tmp_path / "checkpoint-2").exists()
+    assert trainstate.discard_incomplete(tmp_path) == [tmp_path / "checkpoint-6"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-4"]
+
+
+def test_train_progress_reads_the_newest_complete_checkpoint(tmp_path):
+    work = tmp_path / resume.ROOT / "train" / "003"
+    (work / "checkpoint-6").mkdir(parents=True)
+    assert status.progress("train", "003", tmp_path) == "started, no checkpoint yet"
+    (work / "checkpoint-6" / "trainer_state.json").write_text(json.dumps({"max_steps": 16}))
+    trainstate.mark_complete(work / "checkpoint-6", 6)
+    assert status.progress("train", "003", tmp_path) == "step 6/16"
+    assert status.progress("train", "004", tmp_path) is None
+
+
+def step(cadence: trainstate.Cadence, global_step: int, max_steps: int = 100) -> TrainerControl:
+    state, control = TrainerState(), TrainerControl()
+    state.global_step, state.max_steps = global_step, max_steps
+    cadence.on_step_begin(None, state, control)
+    cadence.on_step_end(None, state, control)
+    return control
+
+
+def test_cadence_saves_by_steps_and_time_and_stops_before_the_deadline():
+    cadence = trainstate.Cadence(every_steps=3, every_minutes=0, deadline=None, margin=0)
+    assert [step(cadence, s).should_save for s in (1, 2, 3, 4, 6)] == [False, False, True, False, True]
+    by_time = trainstate.Cadence(every_steps=0, every_minutes=1 / 60, deadline=None, margin=0)
+    assert not step(by_time, 1).should_save
+    by_time.last_save -= 2  # two seconds since the last save, over the one-second interval
+    assert step(by_time, 2).should_save
+    far = trainstate.Cadence(every_steps=0, every_minutes=0, deadline=time.time() + 60, margin=5)
+    control = step(far, 1)
+    assert not (control.should_save or control.should_training_stop or far.stopped_for_deadline)
+    near = trainstate.Cadence(every_steps=0, every_minutes=0, deadline=time.time() + 4, margin=5)
+    control = step(near, 1)
+    assert control.should_save and control.should_training_stop and near.stopped_for_deadline
+    last = trainstate.Cadence(every_steps=0, every_minutes=0, deadline=time.time() + 4, margin=5)
+    assert not step(last, 100, max_steps=100).should_training_stop  # the final step needs no stop
+
+
+def python(code: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **env})
+
+
+def test_kill_point_fires_on_its_nth_pass_at_once_or_after_a_delay():
+    code = "from burstrl import faults\nfor i in range(3):\n    faults.point('p')\n    print('passed', i, flush=True)"
+    done = python(code, BURSTRL_KILL_AT="p@2")
+    assert done.returncode == -signal.SIGKILL
+    assert done.stdout.splitlines() == ["passed 0", "faults: BURSTRL_KILL_AT=p@2: SIGKILL at p"]
+    assert python(code, BURSTRL_KILL_AT="q").stdout.count("passed") == 3
+    started = time.monotonic()
+    delayed = python("import time\nfrom burstrl import faults\nfaults.point('p')\nprint('running', flush=True)\n"
+                     "time.sleep(30)", BURSTRL_KILL_AT="p+0.5")
+    assert delayed.returncode == -signal.SIGKILL and "running" in delayed.stdout
+    assert time.monotonic() - started < 20
+
+
+def test_reaper_kills_what_a_killed_process_left_behind_but_spares_the_named():
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, time\n"
+         "a = subprocess.Popen(['sleep', '300'])\nb = subprocess.Popen(['sleep', '301'])\n"
+         "print(a.pid, b.pid, flush=True)\ntime.sleep(300)"], stdout=subprocess.PIPE, text=True)
+    orphan, spared = map(int, parent.stdout.readline().split())
+    killed: list[int] = []
+    watcher = threading.Thread(target=lambda: killed.extend(watch(parent.pid, {spared}, poll=0.05)))
+    watcher.start()
+    time.sleep(0.5)
+    parent.kill()
+    parent.wait()
+    watcher.join(timeout=30)
+    assert killed == [orphan]
+    os.kill(spared, signal.SIGKILL)
