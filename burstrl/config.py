@@ -167,8 +167,8 @@ class CostConfig:
 
 @dataclass
 class ResumeConfig:
-    """How work is saved against interruption (docs/resume.md). None of it changes a result, so no stage lists
-    this section as a param: changing it, or setting a deadline for one session, re-runs nothing."""
+    """How work is saved against interruption (docs/resume.md). None of it changes a result, so only the report
+    stage tracks this section: changing it, or setting a deadline for one session, re-runs no computation."""
     shard_prompts: int = 64
     """Prompts per shard of generate and score; a killed run redoes at most one shard."""
     checkpoint_every_steps: int = 50
