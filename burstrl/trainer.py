@@ -44,7 +44,7 @@ class RolloutGRPOTrainer(GRPOTrainer):
     def _prepare_inputs(self, generation_batch):
         if not self.model.training:
             return super()._prepare_inputs(generation_batch)
-        saved = self.work / trainstate.BATCH if self.work else None
+        saved = self.work / trainstate.BATCH.format(rank=self.accelerator.process_index) if self.work else None
         if self._buffered_inputs is None and saved and saved.is_file():
             state = torch.load(saved, map_location=self.accelerator.device)
             self._buffered_inputs = state["steps"]
@@ -62,7 +62,8 @@ class RolloutGRPOTrainer(GRPOTrainer):
         super()._save_checkpoint(model, trial)
         checkpoint = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
         faults.point("checkpoint_write")
-        trainstate.mark_complete(checkpoint, self.state.global_step)
+        if self.args.should_save:
+            trainstate.mark_complete(checkpoint, self.state.global_step)
 
     def _get_train_sampler(self, dataset=None):
         # Rows are completions, not prompts to repeat; TRL shuffles the generation batch itself.

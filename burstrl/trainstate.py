@@ -16,7 +16,7 @@ from transformers import TrainerCallback
 from burstrl import faults
 from burstrl.resume import COMPLETE, checkpoints
 
-BATCH = "batch.pt"
+BATCH = "batch-{rank}.pt"  # one per process: each holds its own share of the batch
 
 
 def discard_incomplete(work: Path) -> list[Path]:
@@ -43,7 +43,7 @@ class Cadence(TrainerCallback):
     def __init__(self, every_steps: int, every_minutes: float, deadline: float | None, margin: float):
         self.every_steps, self.every_seconds = every_steps, every_minutes * 60
         self.deadline, self.margin = deadline, margin
-        self.last_save = self.step_started = time.time()
+        self.last_save = self.step_started = self.save_started = time.time()
         self.longest_step = self.longest_save = 0.0
         self.stopped_for_deadline = False
 
