@@ -3,9 +3,11 @@
 Also writes data/weights/ITER.parquet (each row's staleness, whether the loss used it, and its per-token
 proximal logprobs and importance weights) and metrics/train/ITER.json. Resumable (docs/resume.md): it saves
 checkpoints into build/resume/train/ITER and continues from the newest; before a deadline it saves, stops
-and exits with status 75 (partial), and the next `dvc repro` continues it.
+and exits with status 75 (partial), and the next `dvc repro` continues it. With BURSTRL_TRAIN_HOST set it
+runs on that host over SSH and brings the outputs back (burstrl.remote).
 """
 
+import os
 import sys
 import time
 from dataclasses import asdict
@@ -18,7 +20,7 @@ from dvclive import Live
 from dvclive.utils import standardize_metric_name
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from burstrl import resume, trainstate
+from burstrl import remote, resume, trainstate
 from burstrl.batch import check_batch, select_rows, staleness
 from burstrl.contract import WEIGHT_FIELDS, check_tokens, read_scored, write_table
 from burstrl.policy import file_sha256, publish_policy, read_metadata, staging_dir
@@ -53,6 +55,12 @@ if __name__ == "__main__":
     args, cfg = parse(__doc__, "iteration", "parent")
     metrics: dict = {}
     out = Path("checkpoints") / args.iteration
+    if os.environ.get("BURSTRL_TRAIN_HOST"):
+        with stage("train", metrics):
+            status = remote.run_train(os.environ["BURSTRL_TRAIN_HOST"], cfg.sync.ssh_command, args.iteration,
+                                      args.parent, args.params)
+        close_log()
+        sys.exit(status)
     with stage("train", metrics):
         deadline = resume.deadline(cfg.resume.deadline, started=psutil.Process().create_time())
         source = Path(f"data/scored/{args.iteration}.parquet")

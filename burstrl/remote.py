@@ -1,0 +1,112 @@
+"""Run the train stage on another machine over SSH, as if it had run here.
+
+With BURSTRL_TRAIN_HOST=[user@]host:/absolute/dir in the environment, `stages/train.py N P` ships what the
+stage reads to that directory with rsync (the tracked files of this working tree, so the code DVC hashed;
+the scored rollouts; the parent checkpoint; any saved progress of this stage), runs the same command there
+with the same deadline, streams its output, and brings its outputs back, so DVC records them here as the
+stage's outputs. While it runs, complete checkpoints come home every `interval` seconds: a lost machine
+costs at most one checkpoint interval, and the next run, on any host, continues from the newest one.
+
+The remote directory needs a Python environment with the project installed (`make setup EXTRA=cuda` on a
+GPU host); BURSTRL_REMOTE_PYTHON names its interpreter (default `.venv/bin/python` in that directory).
+SSH options come from RSYNC_RSH, as for sync; nothing secret is passed on the command line or logged.
+"""
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from burstrl import resume
+from burstrl.sync import SyncError, Target, ssh_command
+
+# Only what crosses these names is secret-free by construction: the deadline and the kill points for tests.
+FORWARDED_ENV = ("BURSTRL_DEADLINE", "BURSTRL_KILL_AT")
+
+
+class Remote:
+    def __init__(self, spec: str, ssh_configured: str):
+        target = Target.parse(spec)
+        if not target.host or not target.base.startswith("/"):
+            raise SyncError(f"BURSTRL_TRAIN_HOST '{spec}': expected [user@]host:/absolute/dir")
+        self.host, self.dir = target.host, target.base.rstrip("/")
+        self.ssh = ssh_command(ssh_configured)
+        self.python = os.environ.get("BURSTRL_REMOTE_PYTHON", ".venv/bin/python")
+
+    def shell(self, script: str, **kwargs) -> subprocess.CompletedProcess:
+        return subprocess.run([*shlex.split(self.ssh), self.host, script], **kwargs)
+
+    def rsync(self, sources: list[str], dest: str, *extra: str, check: bool = True) -> None:
+        done = subprocess.run(["rsync", "-a", "--mkpath", "-e", self.ssh, *extra, *sources, dest],
+                              capture_output=True, text=True)
+        if check and done.returncode != 0:
+            raise SyncError(f"rsync {' '.join(sources)} -> {dest} failed ({done.returncode}): {done.stderr.strip()}")
+
+    def push(self, paths: list[str]) -> None:
+        """Copy these paths (relative to the repository root) to the same place under the remote directory."""
+        files = subprocess.run(["git", "ls-files"], capture_output=True, text=True, check=True).stdout
+        listing = "\n".join([*files.splitlines(), *paths]) + "\n"
+        done = subprocess.run(["rsync", "-a", "--mkpath", "-r", "--files-from=-", "-e", self.ssh, "./",
+                               f"{self.host}:{self.dir}/"], input=listing, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SyncError(f"rsync to {self.host}:{self.dir} failed ({done.returncode}): {done.stderr.strip()}")
+
+    def pull_checkpoints(self, work: Path) -> None:
+        """Bring home the remote checkpoints that are complete now: their files first, then their markers, so
+        a checkpoint here counts as complete only when all its files arrived."""
+        remote_work = f"{self.dir}/{work}"
+        listed = self.shell(f"cd {shlex.quote(remote_work)} 2>/dev/null && ls -d checkpoint-*/{resume.COMPLETE}",
+                            capture_output=True, text=True)
+        complete = [line.split("/")[0] for line in listed.stdout.split()]
+        if not complete:
+            return
+        self.rsync([f"{self.host}:{remote_work}/{name}" for name in complete], f"{work}/", "--exclude", resume.COMPLETE)
+        # The work directory's key and the prepared batch: without them the checkpoints cannot be resumed.
+        self.rsync([f"{self.host}:{remote_work}/inputs.json", f"{self.host}:{remote_work}/batch-*.pt"], f"{work}/")
+        self.rsync([f"{self.host}:{remote_work}/./{name}/{resume.COMPLETE}" for name in complete], f"{work}/",
+                   "--relative")
+        for _, old in resume.checkpoints(work)[:-1]:
+            shutil.rmtree(old)
+
+    def pull(self, paths: list[str]) -> None:
+        self.rsync([f"{self.host}:{self.dir}/./{p}" for p in paths], "./", "--relative", "--delete")
+
+
+def run_train(spec: str, ssh_configured: str, iteration: str, parent: str, params: str, interval: float = 60.0) -> int:
+    """Run `stages/train.py iteration parent` at `spec`; returns its exit status once its outputs are here."""
+    remote = Remote(spec, ssh_configured)
+    if Path(params).is_absolute() or ".." in Path(params).parts:
+        raise SyncError(f"--params {params}: a remote run needs a params file inside the repository")
+    work = resume.ROOT / "train" / iteration
+    shipped = [f"data/scored/{iteration}.parquet", f"checkpoints/{parent}", params]
+    if work.is_dir():
+        shipped.append(str(work))
+    print(f"train {iteration}: running on {remote.host}:{remote.dir}", flush=True)
+    remote.push(shipped)
+    env = " ".join(f"{k}={shlex.quote(os.environ[k])}" for k in FORWARDED_ENV if os.environ.get(k))
+    command = (f"cd {shlex.quote(remote.dir)} && env PYTHONPATH=. {env} {shlex.quote(remote.python)} "
+               f"stages/train.py {iteration} {parent} --params {shlex.quote(params)}")
+    stop = threading.Event()
+
+    def bring_checkpoints_home():
+        while not stop.wait(interval):
+            remote.pull_checkpoints(work)
+
+    poller = threading.Thread(target=bring_checkpoints_home, daemon=True)
+    poller.start()
+    try:
+        status = remote.shell(command, stdin=subprocess.DEVNULL).returncode
+    finally:
+        stop.set()
+        poller.join()
+        remote.pull_checkpoints(work)
+    if status == 0:
+        remote.pull([f"checkpoints/{iteration}", f"data/weights/{iteration}.parquet",
+                     f"metrics/train/{iteration}.json", f"dvclive/train/{iteration}"])
+        shutil.rmtree(work, ignore_errors=True)
+    else:
+        print(f"train {iteration}: the remote run on {remote.host} exited with status {status}", file=sys.stderr)
+    return status

@@ -1,0 +1,65 @@
+"""The train stage on another host over real SSH (an sshd on 127.0.0.1 that the tests start): inputs go out
+with rsync, the stage runs there, its outputs come back and DVC records them here; checkpoints come home
+during the run, so a lost host costs at most one checkpoint interval."""
+
+import datetime
+import json
+import shutil
+import time
+
+import pytest
+import yaml
+from conftest import REPO, run, scratch_workspace
+
+pytestmark = pytest.mark.slow
+
+PARAMS = {
+    "task": {"heldout_size": 20},
+    "bootstrap": {"sft_steps": 60},
+    "generate": {"prompts_per_iteration": 8, "num_generations": 4},
+    "train": {"batch_size": 8},
+    "resume": {"checkpoint_every_steps": 0, "deadline_margin_seconds": 2},
+}
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory, ssh_server):
+    root = tmp_path_factory.mktemp("local")
+    pod = tmp_path_factory.mktemp("pod")
+    # The host's setup: a Python environment with the project's dependencies (here, this checkout's).
+    (pod / ".venv").symlink_to(REPO / ".venv")
+    env = scratch_workspace(root, PARAMS, {"RSYNC_RSH": ssh_server["rsh"],
+                                           "BURSTRL_TRAIN_HOST": f"{ssh_server['user']}@127.0.0.1:{pod}"})
+    return root, pod, env
+
+
+def test_dvc_repro_trains_on_the_remote_host_and_records_the_outputs_here(ws):
+    root, pod, env = ws
+    out = run(["dvc", "repro"], root, env).stdout
+    assert f"@127.0.0.1:{pod}" in out and "train 001: running on" in out
+    assert "train 001: 4 steps" in (pod / "logs/train/001.log").read_text()  # it ran there
+    assert (root / "checkpoints/001/burstrl.json").read_text() == (pod / "checkpoints/001/burstrl.json").read_text()
+    assert json.loads((root / "metrics/train/001.json").read_text())["optimizer_steps"] == 4
+    assert (root / "dvclive/train/001/plots/metrics/loss.tsv").is_file()
+    assert not (root / "build/resume/train/001").exists()
+    assert "Running stage" not in run(["dvc", "repro"], root, env).stdout
+    assert run(["dvc", "status"], root, env).stdout.strip() == "Data and pipelines are up to date."
+
+
+def test_checkpoints_come_home_and_a_new_host_continues_from_them(ws):
+    root, pod, env = ws
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["train"]["epochs"] = 400  # 1600 steps: longer than the deadline leaves
+    (root / "long.yaml").write_text(yaml.safe_dump(params))
+    cmd = ["python", "stages/train.py", "001", "000", "--params", "long.yaml"]
+    deadline = datetime.datetime.fromtimestamp(time.time() + 25).astimezone().isoformat()
+    done = run(cmd, root, {**env, "BURSTRL_DEADLINE": deadline}, check=False)
+    assert done.returncode == 75, done.stderr[-2000:]
+    saved = list((root / "build/resume/train/001").glob("checkpoint-*/burstrl-complete.json"))
+    assert len(saved) == 1  # the deadline checkpoint, home with its marker
+    step = json.loads(saved[0].read_text())["step"]
+    assert 0 < step < 1600
+    shutil.rmtree(pod / "build")  # the rented machine is gone; a fresh one has no progress of its own
+    run(cmd, root, env)
+    metrics = json.loads((root / "metrics/train/001.json").read_text())
+    assert (metrics["resumed_from_step"], metrics["optimizer_steps"]) == (step, 1600)
