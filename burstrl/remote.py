@@ -87,8 +87,14 @@ def run_train(spec: str, ssh_configured: str, iteration: str, parent: str, param
     print(f"train {iteration}: running on {remote.host}:{remote.dir}", flush=True)
     remote.push(shipped)
     env = " ".join(f"{k}={shlex.quote(os.environ[k])}" for k in FORWARDED_ENV if os.environ.get(k))
-    command = (f"cd {shlex.quote(remote.dir)} && env PYTHONPATH=. {env} {shlex.quote(remote.python)} "
-               f"stages/train.py {iteration} {parent} --params {shlex.quote(params)}")
+    train = (f"env PYTHONPATH=. {env} {shlex.quote(remote.python)} stages/train.py {iteration} {parent} "
+             f"--params {shlex.quote(params)}")
+    # Without a terminal the remote stage would outlive a dropped connection or a Ctrl-C here, and a second
+    # run would then train beside it. So it is stopped when the SSH channel's stdin closes, which happens
+    # when this process ends, however it ends; it resumes from its last checkpoint next time.
+    # (A shell gives background jobs /dev/null as stdin, hence the copy of it on descriptor 3.)
+    command = (f"cd {shlex.quote(remote.dir)} && exec 3<&0 && {{ {train} < /dev/null 3<&- & pid=$!; "
+               f"{{ cat <&3 > /dev/null; kill $pid; }} > /dev/null 2>&1 & wait $pid; }}")
     stop = threading.Event()
 
     def bring_checkpoints_home():
@@ -98,7 +104,8 @@ def run_train(spec: str, ssh_configured: str, iteration: str, parent: str, param
     poller = threading.Thread(target=bring_checkpoints_home, daemon=True)
     poller.start()
     try:
-        status = remote.shell(command, stdin=subprocess.DEVNULL).returncode
+        with subprocess.Popen([*shlex.split(remote.ssh), remote.host, command], stdin=subprocess.PIPE) as ssh:
+            status = ssh.wait()
     finally:
         stop.set()
         poller.join()
