@@ -180,6 +180,8 @@ class ResumeConfig:
     The environment variable BURSTRL_DEADLINE overrides it."""
     deadline_margin_seconds: float = 30.0
     """Slack kept before the deadline beyond the measured time of one step and one checkpoint."""
+    pull_every_seconds: float = 60.0
+    """How often a train stage running on another host (BURSTRL_TRAIN_HOST) brings its checkpoints home."""
 
 
 @dataclass

@@ -12,6 +12,7 @@ GPU host); BURSTRL_REMOTE_PYTHON names its interpreter (default `.venv/bin/pytho
 SSH options come from RSYNC_RSH, as for sync; nothing secret is passed on the command line or logged.
 """
 
+import datetime
 import os
 import shlex
 import shutil
@@ -23,8 +24,8 @@ from pathlib import Path
 from burstrl import resume
 from burstrl.sync import SyncError, Target, ssh_command
 
-# Only what crosses these names is secret-free by construction: the deadline and the kill points for tests.
-FORWARDED_ENV = ("BURSTRL_DEADLINE", "BURSTRL_KILL_AT")
+# The only environment the remote stage gets from here, besides the deadline: the kill points for tests.
+FORWARDED_ENV = ("BURSTRL_KILL_AT",)
 
 
 class Remote:
@@ -35,6 +36,7 @@ class Remote:
         self.host, self.dir = target.host, target.base.rstrip("/")
         self.ssh = ssh_command(ssh_configured)
         self.python = os.environ.get("BURSTRL_REMOTE_PYTHON", ".venv/bin/python")
+        self.newest_home: str | None = None
 
     def shell(self, script: str, **kwargs) -> subprocess.CompletedProcess:
         return subprocess.run([*shlex.split(self.ssh), self.host, script], **kwargs)
@@ -68,6 +70,10 @@ class Remote:
         self.rsync([f"{self.host}:{remote_work}/inputs.json", f"{self.host}:{remote_work}/batch-*.pt"], f"{work}/")
         self.rsync([f"{self.host}:{remote_work}/./{name}/{resume.COMPLETE}" for name in complete], f"{work}/",
                    "--relative")
+        newest = resume.checkpoints(work)[-1][1].name
+        if newest != self.newest_home:
+            print(f"{newest} is home", flush=True)
+            self.newest_home = newest
         for _, old in resume.checkpoints(work)[:-1]:
             shutil.rmtree(old)
 
@@ -75,8 +81,11 @@ class Remote:
         self.rsync([f"{self.host}:{self.dir}/./{p}" for p in paths], "./", "--relative", "--delete")
 
 
-def run_train(spec: str, ssh_configured: str, iteration: str, parent: str, params: str, interval: float = 60.0) -> int:
-    """Run `stages/train.py iteration parent` at `spec`; returns its exit status once its outputs are here."""
+def run_train(spec: str, ssh_configured: str, iteration: str, parent: str, params: str, deadline: float | None,
+              interval: float = 60.0) -> int:
+    """Run `stages/train.py iteration parent` at `spec`; returns its exit status once its outputs are here.
+    `deadline` (a time.time() value) goes over as a UTC time, so the remote clock's zone and start do not
+    move it."""
     remote = Remote(spec, ssh_configured)
     if Path(params).is_absolute() or ".." in Path(params).parts:
         raise SyncError(f"--params {params}: a remote run needs a params file inside the repository")
@@ -86,7 +95,10 @@ def run_train(spec: str, ssh_configured: str, iteration: str, parent: str, param
         shipped.append(str(work))
     print(f"train {iteration}: running on {remote.host}:{remote.dir}", flush=True)
     remote.push(shipped)
-    env = " ".join(f"{k}={shlex.quote(os.environ[k])}" for k in FORWARDED_ENV if os.environ.get(k))
+    forwarded = {k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}
+    if deadline is not None:
+        forwarded["BURSTRL_DEADLINE"] = datetime.datetime.fromtimestamp(deadline, datetime.UTC).isoformat()
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in forwarded.items())
     train = (f"env PYTHONPATH=. {env} {shlex.quote(remote.python)} stages/train.py {iteration} {parent} "
              f"--params {shlex.quote(params)}")
     # Without a terminal the remote stage would outlive a dropped connection or a Ctrl-C here, and a second
@@ -99,7 +111,10 @@ def run_train(spec: str, ssh_configured: str, iteration: str, parent: str, param
 
     def bring_checkpoints_home():
         while not stop.wait(interval):
-            remote.pull_checkpoints(work)
+            try:
+                remote.pull_checkpoints(work)
+            except SyncError as err:  # a blip: the next round, or the final pull, brings it
+                print(f"train {iteration}: could not bring checkpoints home yet: {err}", file=sys.stderr)
 
     poller = threading.Thread(target=bring_checkpoints_home, daemon=True)
     poller.start()

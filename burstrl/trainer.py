@@ -44,12 +44,8 @@ class RolloutGRPOTrainer(GRPOTrainer):
     def _prepare_inputs(self, generation_batch):
         if not self.model.training:
             return super()._prepare_inputs(generation_batch)
-        saved = self.work / trainstate.BATCH.format(rank=self.accelerator.process_index) if self.work else None
-        if self._buffered_inputs is None and saved and saved.is_file():
-            state = torch.load(saved, map_location=self.accelerator.device)
-            self._buffered_inputs = state["steps"]
-            self.start_metrics, self.row_report = state["start_metrics"], state["row_report"]
-        elif self._buffered_inputs is None:
+        saved = self._saved_batch()
+        if self._buffered_inputs is None and not self.load_saved_batch():
             super()._prepare_inputs(generation_batch)
             if saved:
                 tmp = saved.with_name(f".{saved.name}.tmp")
@@ -58,10 +54,24 @@ class RolloutGRPOTrainer(GRPOTrainer):
                 tmp.replace(saved)
         return self._buffered_inputs[self.state.global_step % self.args.steps_per_generation]
 
+    def _saved_batch(self) -> Path | None:
+        return self.work / trainstate.BATCH.format(rank=self.accelerator.process_index) if self.work else None
+
+    def load_saved_batch(self) -> bool:
+        """The batch (and its start metrics and row report) an interrupted run prepared, if it saved one."""
+        saved = self._saved_batch()
+        if not (saved and saved.is_file()):
+            return False
+        state = torch.load(saved, map_location=self.accelerator.device)
+        self._buffered_inputs = state["steps"]
+        self.start_metrics, self.row_report = state["start_metrics"], state["row_report"]
+        return True
+
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
         checkpoint = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
         faults.point("checkpoint_write")
+        self.accelerator.wait_for_everyone()  # every process has written its share (RNG states) first
         if self.args.should_save:
             trainstate.mark_complete(checkpoint, self.state.global_step)
 

@@ -7,6 +7,7 @@ sliced into steps) is saved beside them once, so a resumed run continues with ex
 """
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -27,8 +28,21 @@ def discard_incomplete(work: Path) -> list[Path]:
     return broken
 
 
-def mark_complete(checkpoint: Path, step: int, keep: int = 1) -> None:
-    """Declare `checkpoint` whole, then drop older complete ones beyond the newest `keep`."""
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def mark_complete(checkpoint: Path, step: int, keep: int = 2) -> None:
+    """Declare `checkpoint` whole once its files are on disk, then drop older complete ones beyond the newest
+    `keep` (two: a copy in flight, e.g. to home over rsync, still has its source when the next one lands)."""
+    for path in checkpoint.rglob("*"):
+        if path.is_file():
+            _fsync(path)
+    _fsync(checkpoint)
     tmp = checkpoint / f".{COMPLETE}.tmp"
     tmp.write_text(json.dumps({"step": step}) + "\n")
     tmp.replace(checkpoint / COMPLETE)
@@ -44,8 +58,15 @@ class Cadence(TrainerCallback):
         self.every_steps, self.every_seconds = every_steps, every_minutes * 60
         self.deadline, self.margin = deadline, margin
         self.last_save = self.step_started = self.save_started = time.time()
-        self.longest_step = self.longest_save = 0.0
+        self.step_seconds: list[float] = []
+        self.longest_save = 0.0
         self.stopped_for_deadline = False
+
+    @property
+    def longest_step(self) -> float:
+        # The first step of a run also prepares the whole batch: it stands for a step only until another ran.
+        later = self.step_seconds[1:] or self.step_seconds
+        return max(later, default=0.0)
 
     def on_step_begin(self, args, state, control, **kwargs):
         self.step_started = time.time()
@@ -55,15 +76,16 @@ class Cadence(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         now = time.time()
-        self.longest_step = max(self.longest_step, now - self.step_started)
-        if self.every_steps and state.global_step % self.every_steps == 0:
+        self.step_seconds.append(now - self.step_started)
+        # No checkpoint after the last step: the stage publishes the policy at once.
+        more = state.global_step < state.max_steps
+        if more and self.every_steps and state.global_step % self.every_steps == 0:
             control.should_save = True
-        if self.every_seconds and now - self.last_save >= self.every_seconds:
+        if more and self.every_seconds and now - self.last_save >= self.every_seconds:
             control.should_save = True
         # Until a save has been timed, assume one costs as much as a step.
         save = self.longest_save or self.longest_step
-        if (self.deadline is not None and state.global_step < state.max_steps
-                and now + self.longest_step + save + self.margin >= self.deadline):
+        if self.deadline is not None and more and now + self.longest_step + save + self.margin >= self.deadline:
             control.should_save = True
             control.should_training_stop = True
             self.stopped_for_deadline = True

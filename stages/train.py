@@ -57,8 +57,9 @@ if __name__ == "__main__":
     out = Path("checkpoints") / args.iteration
     if os.environ.get("BURSTRL_TRAIN_HOST"):
         with stage("train", metrics):
+            deadline = resume.deadline(cfg.resume.deadline, started=psutil.Process().create_time())
             status = remote.run_train(os.environ["BURSTRL_TRAIN_HOST"], cfg.sync.ssh_command, args.iteration,
-                                      args.parent, args.params)
+                                      args.parent, args.params, deadline, cfg.resume.pull_every_seconds)
         close_log()
         sys.exit(status)
     with stage("train", metrics):
@@ -104,6 +105,8 @@ if __name__ == "__main__":
             callbacks=[cadence],
         )
         trainer.train(resume_from_checkpoint=str(saved[-1][1]) if saved else None)
+        if not trainer.start_metrics:
+            trainer.load_saved_batch()  # resumed after the last step: no step ran to load it
         steps = trainer.state.global_step
         if cadence.stopped_for_deadline:
             print(f"train {args.iteration}: stopped for the deadline after step {steps}/{trainer.state.max_steps}; "

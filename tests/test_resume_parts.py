@@ -65,15 +65,17 @@ def test_shards_cover_the_rows_once_and_an_unreadable_one_is_redone(tmp_path, mo
 
 
 def test_only_marked_checkpoints_count_and_older_ones_are_dropped(tmp_path):
-    for step in (2, 4, 6):
+    for step in (2, 4, 6, 8):
         (tmp_path / f"checkpoint-{step}").mkdir()
+        (tmp_path / f"checkpoint-{step}" / "model.safetensors").write_bytes(b"w")
     (tmp_path / "checkpoint-2" / resume.COMPLETE).write_text("{}")
-    (tmp_path / "checkpoint-6" / "trainer_state.json").write_text(json.dumps({"max_steps": 8}))
     trainstate.mark_complete(tmp_path / "checkpoint-4", 4)
-    assert [s for s, _ in resume.checkpoints(tmp_path)] == [4]  # 2 dropped once 4 was complete
-    assert not (tmp_path / "checkpoint-2").exists()
-    assert trainstate.discard_incomplete(tmp_path) == [tmp_path / "checkpoint-6"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-4"]
+    assert [s for s, _ in resume.checkpoints(tmp_path)] == [2, 4]
+    trainstate.mark_complete(tmp_path / "checkpoint-6", 6)
+    assert [s for s, _ in resume.checkpoints(tmp_path)] == [4, 6]  # 2 dropped once two newer were complete
+    assert json.loads((tmp_path / "checkpoint-6" / resume.COMPLETE).read_text()) == {"step": 6}
+    assert trainstate.discard_incomplete(tmp_path) == [tmp_path / "checkpoint-8"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-4", "checkpoint-6"]
 
 
 def test_train_progress_reads_the_newest_complete_checkpoint(tmp_path):
@@ -96,7 +98,7 @@ def step(cadence: trainstate.Cadence, global_step: int, max_steps: int = 100) ->
 
 def test_cadence_saves_by_steps_and_time_and_stops_before_the_deadline():
     cadence = trainstate.Cadence(every_steps=3, every_minutes=0, deadline=None, margin=0)
-    assert [step(cadence, s).should_save for s in (1, 2, 3, 4, 6)] == [False, False, True, False, True]
+    assert [step(cadence, s, max_steps=6).should_save for s in (1, 2, 3, 4, 6)] == [False, False, True, False, False]
     by_time = trainstate.Cadence(every_steps=0, every_minutes=1 / 60, deadline=None, margin=0)
     assert not step(by_time, 1).should_save
     by_time.last_save -= 2  # two seconds since the last save, over the one-second interval
@@ -104,8 +106,10 @@ def test_cadence_saves_by_steps_and_time_and_stops_before_the_deadline():
     far = trainstate.Cadence(every_steps=0, every_minutes=0, deadline=time.time() + 60, margin=5)
     control = step(far, 1)
     assert not (control.should_save or control.should_training_stop or far.stopped_for_deadline)
-    near = trainstate.Cadence(every_steps=0, every_minutes=0, deadline=time.time() + 4, margin=5)
-    control = step(near, 1)
+    # The margin alone (5 s) fits before the deadline (10 s); one more 3 s step and a save as long do not.
+    near = trainstate.Cadence(every_steps=0, every_minutes=0, deadline=time.time() + 10, margin=5)
+    near.step_seconds = [30.0, 3.0]  # the first step, which prepared the batch, does not count
+    control = step(near, 3)
     assert control.should_save and control.should_training_stop and near.stopped_for_deadline
     last = trainstate.Cadence(every_steps=0, every_minutes=0, deadline=time.time() + 4, margin=5)
     assert not step(last, 100, max_steps=100).should_training_stop  # the final step needs no stop
