@@ -2,7 +2,8 @@
 
 DVC deletes a stage's outputs before running it, so saved progress cannot live in them. It lives in a work
 directory keyed by everything the stage's result depends on: input file hashes, the params the stage reads,
-the shard size and the code. Progress made from other inputs is discarded with a message, never reused.
+the shard size and the code dvc.yaml lists for it. Progress made from other inputs is discarded with a
+message, never reused.
 Every file in it is written under a temporary name and renamed, so a file that exists is complete.
 generate and score save one Parquet shard per slice of their rows; train saves Trainer checkpoints
 (burstrl.trainstate). `python -m burstrl.status` reads how far each stage got from these files.
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import yaml
 
 from burstrl.config import ConfigError
 from burstrl.contract import write_parquet
@@ -26,13 +28,14 @@ from burstrl.policy import file_sha256
 ROOT = Path("build/resume")
 COMPLETE = "burstrl-complete.json"
 _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
-PACKAGE = Path(__file__).resolve().parent
 
 
-def code_hash() -> str:
-    """The package and stage scripts: progress saved by other code is not trusted."""
-    files = sorted(PACKAGE.glob("*.py")) + sorted((PACKAGE.parent / "stages").glob("*.py"))
-    return hashlib.sha256(json.dumps({p.name: file_sha256(p) for p in files}).encode()).hexdigest()
+def code_hash(stage: str, pipeline: Path = Path("dvc.yaml")) -> str:
+    """The code `stage` depends on, as dvc.yaml lists it: progress saved by other code is not trusted, and
+    editing code the stage does not run (the report, say) keeps it."""
+    definition = yaml.safe_load(pipeline.read_text())["stages"][stage]
+    deps = sorted(d for d in definition.get("do", definition)["deps"] if d.endswith(".py"))
+    return hashlib.sha256(json.dumps({d: file_sha256(Path(d)) for d in deps}).encode()).hexdigest()
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -45,7 +48,7 @@ class WorkDir:
     def __init__(self, stage: str, iteration: str, inputs: dict):
         self.label = f"{stage} {iteration}"
         self.path = ROOT / stage / iteration
-        key = hashlib.sha256(json.dumps({**inputs, "code": code_hash()}, sort_keys=True).encode()).hexdigest()
+        key = hashlib.sha256(json.dumps({**inputs, "code": code_hash(stage)}, sort_keys=True).encode()).hexdigest()
         manifest = self.path / "inputs.json"
         try:
             saved = json.loads(manifest.read_text())["key"] if manifest.is_file() else None

@@ -12,6 +12,7 @@ import time
 
 import pyarrow as pa
 import pytest
+import yaml
 from transformers import TrainerControl, TrainerState
 
 from burstrl import resume, status, trainstate
@@ -32,8 +33,19 @@ def test_deadline_is_seconds_after_start_or_an_iso_time_and_the_environment_wins
         resume.deadline(None, started=0.0)
 
 
-def test_work_directory_keeps_progress_for_the_same_inputs_only(tmp_path, monkeypatch, capsys):
+def pipeline(root) -> None:
+    """A dvc.yaml whose generate and score stages depend on code.py and whose report depends on other.py."""
+    (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": {
+        "generate": {"foreach": ["001"], "do": {"cmd": "x", "deps": ["code.py", "data.parquet"]}},
+        "score": {"foreach": ["001"], "do": {"cmd": "x", "deps": ["code.py"]}},
+        "report": {"cmd": "x", "deps": ["other.py"]}}}))
+    (root / "code.py").write_text("v = 1\n")
+    (root / "other.py").write_text("v = 1\n")
+
+
+def test_work_directory_keeps_progress_for_the_same_inputs_and_code_only(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
+    pipeline(tmp_path)
     work = resume.WorkDir("generate", "001", {"policy": "abc"})
     (work.path / "shard-00000-of-00002.parquet").write_text("x")
     assert (resume.WorkDir("generate", "001", {"policy": "abc"}).path / "shard-00000-of-00002.parquet").exists()
@@ -41,12 +53,19 @@ def test_work_directory_keeps_progress_for_the_same_inputs_only(tmp_path, monkey
     again = resume.WorkDir("generate", "001", {"policy": "abd"})
     assert "generate 001: discarding saved progress in build/resume/generate/001" in capsys.readouterr().out
     assert [p.name for p in again.path.iterdir()] == ["inputs.json"]
+    (again.path / "shard-00000-of-00002.parquet").write_text("x")
+    (tmp_path / "other.py").write_text("v = 2\n")  # code the stage does not run
+    assert (resume.WorkDir("generate", "001", {"policy": "abd"}).path / "shard-00000-of-00002.parquet").exists()
+    (tmp_path / "code.py").write_text("v = 2\n")
+    assert not (resume.WorkDir("generate", "001", {"policy": "abd"}).path / "shard-00000-of-00002.parquet").exists()
+    assert "made from other inputs or code" in capsys.readouterr().out
     again.finish()
     assert not again.path.exists()
 
 
 def test_shards_cover_the_rows_once_and_an_unreadable_one_is_redone(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
+    pipeline(tmp_path)
     shards = resume.Shards(resume.WorkDir("score", "002", {}), total=10, size=4)
     assert shards.bounds == [(0, 4), (4, 8), (8, 10)]
     assert shards.pending() == [0, 1, 2]
