@@ -41,20 +41,18 @@ class Remote:
     def shell(self, script: str, **kwargs) -> subprocess.CompletedProcess:
         return subprocess.run([*shlex.split(self.ssh), self.host, script], **kwargs)
 
-    def rsync(self, sources: list[str], dest: str, *extra: str, check: bool = True) -> None:
+    def rsync(self, sources: list[str], dest: str, *extra: str, listing: str | None = None) -> None:
         done = subprocess.run(["rsync", "-a", "--mkpath", "-e", self.ssh, *extra, *sources, dest],
-                              capture_output=True, text=True)
-        if check and done.returncode != 0:
+                              input=listing, capture_output=True, text=True)
+        if done.returncode != 0:
             raise SyncError(f"rsync {' '.join(sources)} -> {dest} failed ({done.returncode}): {done.stderr.strip()}")
 
     def push(self, paths: list[str]) -> None:
-        """Copy these paths (relative to the repository root) to the same place under the remote directory."""
+        """Copy the tracked files and these paths (relative to the repository root) to the same place under the
+        remote directory."""
         files = subprocess.run(["git", "ls-files"], capture_output=True, text=True, check=True).stdout
-        listing = "\n".join([*files.splitlines(), *paths]) + "\n"
-        done = subprocess.run(["rsync", "-a", "--mkpath", "-r", "--files-from=-", "-e", self.ssh, "./",
-                               f"{self.host}:{self.dir}/"], input=listing, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise SyncError(f"rsync to {self.host}:{self.dir} failed ({done.returncode}): {done.stderr.strip()}")
+        self.rsync(["./"], f"{self.host}:{self.dir}/", "-r", "--files-from=-",
+                   listing="\n".join([*files.splitlines(), *paths]) + "\n")
 
     def pull_checkpoints(self, work: Path) -> None:
         """Bring home the remote checkpoints that are complete now: their files first, then their markers, so
