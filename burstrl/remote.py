@@ -9,13 +9,16 @@ costs at most one checkpoint interval, and the next run, on any host, continues 
 
 The remote directory needs a Python environment with the project installed (`make setup EXTRA=cuda` on a
 GPU host); BURSTRL_REMOTE_PYTHON names its interpreter (default `.venv/bin/python` in that directory).
-SSH options come from RSYNC_RSH, as for sync; nothing secret is passed on the command line or logged.
+SSH options come from BURSTRL_TRAIN_RSH (set by burstrl.rent for the machine it rented), else RSYNC_RSH, as
+for sync. Nothing secret is passed on a command line or logged: BURSTRL_TRAIN_SECRETS names a file on the
+host (relative to the SSH user's home) that the training sources, which burstrl.rent fills over SSH stdin.
 """
 
 import datetime
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -26,15 +29,34 @@ from burstrl.sync import SyncError, Target, ssh_command
 
 # The only environment the remote stage gets from here, besides the deadline: the kill points for tests.
 FORWARDED_ENV = ("BURSTRL_KILL_AT",)
+# Where the remote run keeps its process id, for the on-host time limit that burstrl.rent arms.
+TRAIN_PID = ".burstrl/train.pid"
+
+
+def home_path(path: str) -> str:
+    """`path` on the remote shell's command line: relative paths are under the SSH user's home."""
+    return shlex.quote(path) if path.startswith("/") else f'"$HOME"/{shlex.quote(path)}'
+
+
+def watched(command: str, pidfile: str | None = None) -> str:
+    """`command` for the remote shell, stopped when the SSH channel's stdin closes.
+
+    Without a terminal a remote command outlives a dropped connection or a Ctrl-C here, and a second run
+    would then train beside it. The channel's stdin closes when the local ssh ends, however it ends.
+    (A shell gives background jobs /dev/null as stdin, hence the copy of it on descriptor 3.)"""
+    record = f"echo $pid > {shlex.quote(pidfile)}; " if pidfile else ""
+    forget = f"s=$?; rm -f {shlex.quote(pidfile)}; exit $s; " if pidfile else ""
+    return (f"exec 3<&0 && {{ {command} < /dev/null 3<&- & pid=$!; {record}"
+            f"{{ cat <&3 > /dev/null; kill $pid; }} > /dev/null 2>&1 & wait $pid; {forget}}}")
 
 
 class Remote:
-    def __init__(self, spec: str, ssh_configured: str):
+    def __init__(self, spec: str, ssh: str):
         target = Target.parse(spec)
         if not target.host or not target.base.startswith("/"):
             raise SyncError(f"BURSTRL_TRAIN_HOST '{spec}': expected [user@]host:/absolute/dir")
         self.host, self.dir = target.host, target.base.rstrip("/")
-        self.ssh = ssh_command(ssh_configured)
+        self.ssh = ssh
         self.python = os.environ.get("BURSTRL_REMOTE_PYTHON", ".venv/bin/python")
         self.newest_home: str | None = None
 
@@ -84,7 +106,7 @@ def run_train(spec: str, ssh_configured: str, iteration: str, parent: str, param
     """Run `stages/train.py iteration parent` at `spec`; returns its exit status once its outputs are here.
     `deadline` (a time.time() value) goes over as a UTC time, so the remote clock's zone and start do not
     move it."""
-    remote = Remote(spec, ssh_configured)
+    remote = Remote(spec, os.environ.get("BURSTRL_TRAIN_RSH") or ssh_command(ssh_configured))
     if Path(params).is_absolute() or ".." in Path(params).parts:
         raise SyncError(f"--params {params}: a remote run needs a params file inside the repository")
     work = resume.ROOT / "train" / iteration
@@ -99,12 +121,11 @@ def run_train(spec: str, ssh_configured: str, iteration: str, parent: str, param
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in forwarded.items())
     train = (f"env PYTHONPATH=. {env} {shlex.quote(remote.python)} stages/train.py {iteration} {parent} "
              f"--params {shlex.quote(params)}")
-    # Without a terminal the remote stage would outlive a dropped connection or a Ctrl-C here, and a second
-    # run would then train beside it. So it is stopped when the SSH channel's stdin closes, which happens
-    # when this process ends, however it ends; it resumes from its last checkpoint next time.
-    # (A shell gives background jobs /dev/null as stdin, hence the copy of it on descriptor 3.)
-    command = (f"cd {shlex.quote(remote.dir)} && exec 3<&0 && {{ {train} < /dev/null 3<&- & pid=$!; "
-               f"{{ cat <&3 > /dev/null; kill $pid; }} > /dev/null 2>&1 & wait $pid; }}")
+    secrets = os.environ.get("BURSTRL_TRAIN_SECRETS")
+    source = f"if [ -f {home_path(secrets)} ]; then . {home_path(secrets)}; fi && " if secrets else ""
+    # A dropped connection stops the remote run; it resumes from its last checkpoint next time.
+    command = (f"cd {shlex.quote(remote.dir)} && mkdir -p {Path(TRAIN_PID).parent} && {source}"
+               f"{watched(train, TRAIN_PID)}")
     stop = threading.Event()
 
     def bring_checkpoints_home():
@@ -127,6 +148,11 @@ def run_train(spec: str, ssh_configured: str, iteration: str, parent: str, param
         remote.pull([f"checkpoints/{iteration}", f"data/weights/{iteration}.parquet",
                      f"metrics/train/{iteration}.json", f"dvclive/train/{iteration}"])
         shutil.rmtree(work, ignore_errors=True)
+    elif status < 0 or status == 255:  # ssh's own failure, or ssh killed: the link, not the training
+        how = f"ssh ended by {signal.Signals(-status).name}" if status < 0 else "ssh exit 255"
+        print(f"train {iteration}: lost the SSH connection to {remote.host} ({how}); the run there stopped with it",
+              file=sys.stderr)
+        status = 255
     else:
         print(f"train {iteration}: the remote run on {remote.host} exited with status {status}", file=sys.stderr)
     return status

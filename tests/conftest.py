@@ -75,7 +75,8 @@ def scratch_workspace(root: Path, params: dict, env: dict) -> dict:
 
 @pytest.fixture(scope="session")
 def ssh_server(tmp_path_factory):
-    """A real sshd on 127.0.0.1 for this test session; yields the RSYNC_RSH command that reaches it."""
+    """A real sshd on 127.0.0.1 for this test session; yields the RSYNC_RSH command that reaches it, its user,
+    port and the client's private key."""
     sshd = shutil.which("sshd") or "/usr/sbin/sshd"
     if not Path(sshd).exists():
         pytest.fail("sshd is not installed: `make system` (Debian: apt-get install openssh-server)")
@@ -104,6 +105,6 @@ def ssh_server(tmp_path_factory):
             proc.kill()
             pytest.fail(f"sshd did not come up: {proc.stderr.read().decode() if proc.stderr else ''}")
         time.sleep(0.2)
-    yield {"rsh": rsh, "user": user}
+    yield {"rsh": rsh, "user": user, "port": port, "key": str(home / "client_key")}
     proc.terminate()
     proc.wait(timeout=10)

@@ -30,6 +30,10 @@ def test_params_yaml_loads_into_typed_config():
     ({"score": {"scale_rewards": True}}, "score.scale_rewards is 'True', expected one of group, batch, none"),
     ({"train": {"kl_estimator": "k2"}}, "would bias it: set train.kl_ratio_correction to false"),
     ({"train": {"is_cap": 0.5}}, "need 0 <= train.is_floor <= 1 <= train.is_cap"),
+    ({"launch": {"strategy": "zero3"}}, "launch.strategy is 'zero3', expected one of ddp, fsdp, deepspeed_zero2"),
+    ({"launch": {"processes": -1}}, "launch.processes must be >= 0"),
+    ({"rent": {"provider": "aws"}}, "rent.provider is 'aws', expected one of runpod, static"),
+    ({"rent": {"reserve_minutes": 600.0}}, "rent.reserve_minutes must be shorter than rent.max_hours"),
 ])
 def test_bad_params_are_named(tmp_path, change, message):
     params = yaml.safe_load((REPO / "params.yaml").read_text())
@@ -42,3 +46,12 @@ def test_bad_params_are_named(tmp_path, change, message):
 
 def test_typed_defaults_equal_params_yaml():
     assert load_config(REPO / "params.yaml") == Config()
+
+
+def test_the_eight_gpu_profile_shards_over_every_gpu_of_the_pod(tmp_path):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+        composed = compose(config_name="config", overrides=["hardware=h200x8"])
+    (tmp_path / "params.yaml").write_text(OmegaConf.to_yaml(composed))
+    cfg = load_config(tmp_path / "params.yaml")
+    assert (cfg.launch.processes, cfg.launch.strategy, cfg.rent.runpod.gpu_count) == (0, "fsdp", 8)
+    assert (cfg.train.device, cfg.train.bf16) == ("cuda", True)

@@ -1,0 +1,261 @@
+"""`make rent-h200` end to end: the RunPod provider against a stand-in of its API on loopback, the machine
+being this host's real sshd; each injected failure ends with the pod terminated exactly once and a non-zero
+exit; the on-pod limit fires with this side gone; the static provider runs the whole burst; no secret leaks."""
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+from conftest import REPO, run, scratch_workspace
+from runpod_standin import RunPodStandIn
+
+pytestmark = pytest.mark.slow
+
+PARAMS = {
+    "task": {"heldout_size": 20},
+    "bootstrap": {"sft_steps": 60},
+    "generate": {"prompts_per_iteration": 8, "num_generations": 4},
+    # 100 optimizer steps: long enough to interrupt mid-run.
+    "train": {"batch_size": 8, "epochs": 25},
+    "resume": {"checkpoint_every_steps": 0, "deadline_margin_seconds": 2},
+}
+# Made up per run, so that not even this file holds them.
+API_KEY = f"rpa_{secrets.token_hex(16)}"
+HUB_TOKEN = f"hf_{secrets.token_hex(16)}"
+OUTPUTS: list[str] = []  # everything the sessions printed, for the secrets scan
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory, ssh_server):
+    root = tmp_path_factory.mktemp("laptop")
+    pod = tmp_path_factory.mktemp("pod")
+    standin = RunPodStandIn(ssh_server["port"])
+    env = scratch_workspace(root, PARAMS, {"RUNPOD_API_BASE_URL": standin.url, "RUNPOD_API_KEY": API_KEY,
+                                           "HF_TOKEN": HUB_TOKEN})
+    env.pop("RSYNC_RSH", None)
+    env.pop("BURSTRL_TRAIN_HOST", None)
+    run(["dvc", "repro", "score@001"], root, env)
+    secrets_file = pod.parent / f"{pod.name}-home" / "secrets.env"
+    base = {
+        "provider": "runpod", "max_hours": 1.0, "reserve_minutes": 0.1, "ssh_key": ssh_server["key"],
+        # The machine's setup: a Python environment with the project's dependencies (here, this checkout's).
+        "setup_command": f"ln -sfn {REPO / '.venv'} .venv",
+        "check_command": ".venv/bin/python -c 'import torch; print(\"torch\", torch.__version__)'",
+        "secrets_file": str(secrets_file), "ssh_timeout_seconds": 5, "report_every_seconds": 1,
+        "runpod": {"dir": str(pod), "ssh_user": ssh_server["user"],
+                   "self_terminate": f"{REPO / 'tests' / 'runpodctl'} {standin.url} remove pod {{pod_id}}"},
+    }
+    yield {"root": root, "pod": pod, "env": env, "standin": standin, "base": base, "secrets": secrets_file,
+           "ssh": ssh_server}
+    standin.close()
+
+
+def rent_params(ws, name: str, **changes) -> str:
+    params = yaml.safe_load((ws["root"] / "params.yaml").read_text())
+    rent = json.loads(json.dumps(ws["base"]))
+    for key, value in changes.items():
+        if isinstance(value, dict):
+            rent.setdefault(key, {}).update(value)
+        else:
+            rent[key] = value
+    params["rent"].update(rent)
+    (ws["root"] / f"{name}.yaml").write_text(yaml.safe_dump(params))
+    return f"{name}.yaml"
+
+
+def start(ws, params: str, *args, env=None) -> subprocess.Popen:
+    shutil.rmtree(ws["pod"] / "build", ignore_errors=True)  # each session's pod starts without progress
+    return subprocess.Popen(["python", "-m", "burstrl.rent", "--params", params, *args], cwd=ws["root"],
+                            env={**ws["env"], **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+
+def finish(proc: subprocess.Popen) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=600)
+    OUTPUTS.extend([out, err])
+    return proc.returncode, out, err
+
+
+def rent(ws, params: str, *args, env=None) -> tuple[int, str, str]:
+    return finish(start(ws, params, *args, env=env))
+
+
+def wait_for(condition, timeout=120.0, what="condition"):
+    end = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > end:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def remote_trainers(pod: Path) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline", "cwd"]):
+        if proc.info["cwd"] == str(pod) and "stages/train.py" in " ".join(proc.info["cmdline"] or []):
+            found.append(proc)
+    return found
+
+
+def training_started(ws) -> bool:
+    return (ws["pod"] / "build/resume/train/001").is_dir()
+
+
+def assert_terminated_once(ws, out: str) -> str:
+    pod_id = ws["standin"].created()[-1]
+    assert len(ws["standin"].terminations(pod_id)) == 1, ws["standin"].calls
+    assert f"pod {pod_id} terminated" in out and "session over" in out
+    wait_for(lambda: not remote_trainers(ws["pod"]), 30, "the remote training to stop")
+    assert not (ws["pod"] / ".burstrl/guard/guard.pid").exists()  # the on-pod limit was disarmed
+    return pod_id
+
+
+def test_dry_run_prints_the_plan_and_cost_and_rents_nothing(ws):
+    code, out, err = rent(ws, rent_params(ws, "dry", max_hours=4.0), "--dry-run", "--hours", "2")
+    assert code == 0, err
+    assert "plan: train@001 on runpod (1x NVIDIA H200), limit 2:00:00" in out
+    # No train stage ran before, so the estimate is the limit: 2 h at cost.train_usd_per_hour.
+    assert "estimated 2:00:00, $7.00 at $3.50/h" in out and "at most $7.00" in out
+    assert ws["standin"].calls == []
+
+
+def test_a_failed_create_terminates_the_pod_it_made(ws):
+    ws["standin"].fail_create = True
+    try:
+        code, out, err = rent(ws, rent_params(ws, "create"))
+    finally:
+        ws["standin"].fail_create = False
+    assert code == 1
+    assert "RunPod create pod failed" in err
+    pod_id = ws["standin"].created()[-1]
+    assert len(ws["standin"].terminations(pod_id)) == 1 and f"pod {pod_id} terminated" in out
+
+
+def test_ssh_that_never_comes_up_terminates_the_pod(ws):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    ws["standin"].ssh_port = closed
+    try:
+        code, out, err = rent(ws, rent_params(ws, "nossh"))
+    finally:
+        ws["standin"].ssh_port = ws["ssh"]["port"]
+    assert code == 1
+    assert "never came up within 5s" in err
+    assert len(ws["standin"].terminations(ws["standin"].created()[-1])) == 1
+
+
+def test_failed_setup_terminates_the_pod(ws):
+    code, out, err = rent(ws, rent_params(ws, "setup", setup_command="echo no CUDA here >&2; exit 3"))
+    assert code == 1
+    assert "setup failed on" in err and "(exit 3)" in err and "no CUDA here" in err
+    assert_terminated_once(ws, out)
+
+
+def test_a_crashed_training_terminates_the_pod(ws):
+    code, out, err = rent(ws, rent_params(ws, "crash"), env={"BURSTRL_KILL_AT": "optimizer_step@3"})
+    assert code == 1
+    assert "SIGKILL at optimizer_step" in out
+    assert "train@001 failed" in err
+    assert_terminated_once(ws, out)
+
+
+def test_a_dropped_connection_terminates_the_pod(ws):
+    proc = start(ws, rent_params(ws, "drop"))
+    wait_for(lambda: training_started(ws), what="training on the pod")
+    session = psutil.Process(proc.pid)
+    for child in session.children(recursive=True):
+        if child.name() == "ssh" and "stages/train.py" in " ".join(child.cmdline()):
+            child.kill()
+    code, out, err = finish(proc)
+    assert code == 1
+    assert "lost the SSH connection to" in out and "ssh ended by SIGKILL" in out
+    assert_terminated_once(ws, out)
+
+
+def test_ctrl_c_terminates_the_pod(ws):
+    proc = start(ws, rent_params(ws, "ctrlc"))
+    wait_for(lambda: training_started(ws), what="training on the pod")
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal sends its foreground group
+    code, out, err = finish(proc)
+    assert code == 130
+    assert "interrupted: giving the machine back" in err
+    assert_terminated_once(ws, out)
+
+
+def test_the_deadline_ends_the_session_and_terminates_the_pod(ws):
+    # 63 s limit, training must stop 60 s before it: the deadline passes before training can start.
+    code, out, err = rent(ws, rent_params(ws, "deadline", reserve_minutes=1.0), "--hours", "0.0175")
+    assert code == 75
+    assert "stopped for the session's deadline" in err
+    assert_terminated_once(ws, out)
+
+
+def test_the_on_pod_limit_ends_the_pod_when_this_side_is_gone(ws):
+    # A 20 s session whose setup hangs; then the laptop vanishes (SIGKILL): nothing here can clean up.
+    proc = start(ws, rent_params(ws, "limit", setup_command="sleep 300"), "--hours", str(20 / 3600))
+    wait_for(lambda: ws["standin"].created() and (ws["pod"] / ".burstrl/guard/guard.pid").is_file(),
+             what="the limit armed on the pod")
+    os.killpg(proc.pid, signal.SIGKILL)
+    finish(proc)
+    pod_id = ws["standin"].created()[-1]
+    wait_for(lambda: ws["standin"].terminations(pod_id), 60, "the pod to terminate itself")
+    time.sleep(1)
+    assert [c[2] for c in ws["standin"].terminations(pod_id)] == ["runpodctl-on-pod"]
+    assert "session limit reached" in (ws["pod"] / ".burstrl/guard/guard.log").read_text()
+    assert not ws["secrets"].exists()
+
+
+def test_reap_terminates_only_this_projects_pods(ws):
+    standin = ws["standin"]
+    standin.pods["old1"] = {"id": "old1", "name": "burstrl-20261101-000000-abcdef", "desiredStatus": "RUNNING"}
+    standin.pods["other"] = {"id": "other", "name": "someone-elses-notebook", "desiredStatus": "RUNNING"}
+    code, out, err = rent(ws, rent_params(ws, "reap"), "reap")
+    assert code == 0, err
+    assert "reaped 1 machine(s) this project started: old1" in out
+    assert len(standin.terminations("old1")) == 1 and not standin.terminations("other")
+
+
+def test_static_host_burst_trains_remotely_and_dvc_records_it(ws):
+    root, pod = ws["root"], ws["pod"].parent / "static-host"
+    env = {"RSYNC_RSH": ws["ssh"]["rsh"]}
+    params = rent_params(ws, "static", provider="static",
+                         static={"host": f"{ws['ssh']['user']}@127.0.0.1:{pod}", "on_expiry": ""})
+    calls = len(ws["standin"].calls)
+    code, out, err = rent(ws, params, env=env)
+    assert code == 0, err[-3000:]
+    assert f"@127.0.0.1:{pod} is up" in out and "train 001: running on" in out
+    assert "elapsed, $" in out and "rent: train@001 done" in out and "nothing to give back" in out
+    assert "forwarded HF_TOKEN" in out
+    assert "train 001: 100 steps" in (pod / "logs/train/001.log").read_text()  # it ran there
+    assert (root / "checkpoints/001/burstrl.json").read_text() == (pod / "checkpoints/001/burstrl.json").read_text()
+    assert json.loads((root / "metrics/train/001.json").read_text())["optimizer_steps"] == 100
+    assert ws["standin"].calls[calls:] == []  # nothing rented
+    assert not (pod / ".burstrl/guard/guard.pid").exists() and not ws["secrets"].exists()
+    assert "Running stage" not in run(["dvc", "repro", "train@001"], root, ws["env"]).stdout
+    assert "train@001" not in run(["dvc", "status", "train@001"], root, ws["env"]).stdout
+    code, out, _ = rent(ws, params, env=env)
+    assert code == 0 and "nothing to rent" in out
+
+
+def test_no_secret_in_any_file_or_log(ws):
+    places = [ws["root"], ws["pod"], ws["pod"].parent / "static-host"]
+    assert OUTPUTS, "the sessions above ran"
+    for text in OUTPUTS:
+        assert API_KEY not in text and HUB_TOKEN not in text
+    scanned = 0
+    for place in places:
+        for path in place.rglob("*"):
+            if path.is_file() and not path.is_symlink():
+                data = path.read_bytes()
+                assert API_KEY.encode() not in data and HUB_TOKEN.encode() not in data, path
+                scanned += 1
+    assert scanned > 100 and (ws["root"] / "logs/train/001.log").is_file() and (ws["root"] / "dvc.lock").is_file()
