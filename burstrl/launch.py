@@ -31,6 +31,9 @@ STRATEGY_FLAGS = {
 
 def launched() -> bool:
     """True in a process that `accelerate launch` (torchrun) started as one rank of several."""
+    if os.environ.get(STATUS_FILE) and "WORLD_SIZE" not in os.environ:
+        # Started by run_ranks, yet not as a rank: training here would be one process pretending to be N.
+        raise ConfigError("the launcher started a single process instead of ranks (no WORLD_SIZE)")
     return "WORLD_SIZE" in os.environ
 
 
@@ -49,12 +52,16 @@ def per_device_batch(batch_size: int, processes: int) -> int:
 
 
 def command(launch: LaunchConfig, train: TrainConfig, processes: int, script: list[str]) -> list[str]:
-    """The `accelerate launch` command line that runs `script` (argv) as `processes` ranks on this host."""
+    """The command line that runs `script` (argv) as `processes` ranks on this host: `accelerate launch` on
+    GPUs; torchrun on CPU (DDP over gloo, for tests), where `accelerate launch` would start a single process."""
+    if train.device == "cpu":
+        if launch.strategy != "ddp":
+            raise ConfigError(f"launch.strategy={launch.strategy} needs GPUs; on CPU several processes use ddp")
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
+                *script]
     flags = ["--num_processes", str(processes), "--num_machines", "1", "--dynamo_backend", "no",
              "--mixed_precision", "bf16" if train.bf16 else "no"]
-    if train.device == "cpu":
-        flags.append("--cpu")
-    elif launch.strategy == "ddp":
+    if launch.strategy == "ddp":
         flags.append("--multi_gpu")
     return [sys.executable, "-m", "accelerate.commands.launch", *flags, *STRATEGY_FLAGS[launch.strategy], *script]
 

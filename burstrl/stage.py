@@ -15,6 +15,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from burstrl.config import Config, ConfigError, load_config
 from burstrl.contract import ContractError
+from burstrl.launch import launched
 from burstrl.sync import SyncError
 
 
@@ -85,11 +86,14 @@ def parse(description: str, *names: str) -> tuple[argparse.Namespace, Config]:
     args = parser.parse_args()
     name = Path(parser.prog).stem
     log = Path("logs") / name / f"{args.iteration}.log" if "iteration" in names else Path("logs") / f"{name}.log"
-    _tee = _Tee(log)
-    atexit.register(close_log)
-    subprocess.Popen([sys.executable, "-m", "burstrl.reaper", str(os.getpid()), *map(str, _tee.pids)],
-                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                     start_new_session=True)
+    # A rank that `accelerate launch` started writes through the launcher, which is the stage's own process
+    # (burstrl.launch): its log and reaper already cover the rank.
+    if not launched():
+        _tee = _Tee(log)
+        atexit.register(close_log)
+        subprocess.Popen([sys.executable, "-m", "burstrl.reaper", str(os.getpid()), *map(str, _tee.pids)],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
     try:
         return args, load_config(args.params)
     except (ConfigError, OmegaConfBaseException) as err:

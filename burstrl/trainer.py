@@ -20,11 +20,12 @@ colocated loop, all forced by the decoupled pipeline:
 from pathlib import Path
 
 import torch
+from accelerate.utils import gather_object
 from torch.utils.data import SequentialSampler
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import pad
 
-from burstrl import faults, objective, trainstate
+from burstrl import faults, launch, objective, trainstate
 from burstrl.config import TrainConfig
 
 
@@ -130,6 +131,17 @@ class RolloutGRPOTrainer(GRPOTrainer):
         # KL(sampler || trainer) from the sampler's own tokens; k3 is >= 0, the clamp only removes float round-off.
         gap = objective.kl_to_reference(sampler, proximal, "k3").clamp(min=0.0)
         changed = torch.zeros_like(ratio) if mode == "none" else (weights != ratio).float()
+        lengths = [len(row["completion_ids"]) for row in inputs]
+        self.row_report = {
+            "key": [(row["prompt_id"], row["sample_index"]) for row in inputs],
+            **{name: [values[:n].tolist() for values, n in zip(tensor, lengths, strict=True)]
+               for name, tensor in (("proximal_logprobs", proximal), ("is_weights", weights.expand_as(proximal)))},
+        }
+        # On several processes each holds a share of the rows: the metrics describe all of them. Padding is
+        # masked out, so it changes no mean or maximum.
+        acc = self.accelerator
+        gap, loss_mask, weights, ratio, changed, units = (
+            acc.gather(acc.pad_across_processes(t, dim=1)) for t in (gap, loss_mask, weights, ratio, changed, units))
         self.start_metrics = {
             "sampler_kl": objective.masked_mean(gap, loss_mask),
             "is_weight_mean": objective.masked_mean(weights, units),
@@ -137,11 +149,18 @@ class RolloutGRPOTrainer(GRPOTrainer):
             "is_ratio_max": (ratio * units).max().item(),
             "is_clipped_fraction": objective.masked_mean(changed, units),
         }
-        lengths = [len(row["completion_ids"]) for row in inputs]
-        self.row_report = {
-            name: [values[:n].tolist() for values, n in zip(tensor, lengths, strict=True)]
-            for name, tensor in (("proximal_logprobs", proximal), ("is_weights", weights.expand_as(proximal)))
-        }
+
+    def full_row_report(self, keys: list[tuple[int, int]]) -> dict[str, list]:
+        """Every process's row report, in the order of `keys` (the table's (prompt_id, sample_index) pairs)."""
+        names = [name for name in self.row_report if name != "key"]
+        rows = gather_object([(key, *values) for key, *values in zip(*self.row_report.values(), strict=True)])
+        by_key = {tuple(row[0]): row[1:] for row in rows}
+        return {name: [by_key[key][i] for key in keys] for i, name in enumerate(names)}
+
+    def _mean_everywhere(self, values: torch.Tensor, mask: torch.Tensor) -> float:
+        """The masked mean over the tokens of every process's share of the step, not just this one's."""
+        sums = self.accelerator.gather(torch.stack([(values * mask).sum(), mask.sum().float()]).reshape(1, 2)).sum(0)
+        return (sums[0] / sums[1].clamp(min=1.0)).item()
 
     def _compute_loss(self, model, inputs):
         completion_ids = inputs["completion_ids"]
@@ -167,18 +186,19 @@ class RolloutGRPOTrainer(GRPOTrainer):
         )
         metrics = self._metrics["train" if self.model.training else "eval"]
         if terms.kl is not None:
-            metrics["kl"].append(objective.masked_mean(terms.kl.detach(), mask))
-        metrics["entropy"].append(objective.masked_mean(entropies, mask))
-        metrics["clip_ratio"].append(objective.masked_mean(terms.clipped.float(), mask))
+            metrics["kl"].append(self._mean_everywhere(terms.kl.detach(), mask))
+        metrics["entropy"].append(self._mean_everywhere(entropies, mask))
+        metrics["clip_ratio"].append(self._mean_everywhere(terms.clipped.float(), mask))
         return terms.loss if t.loss_type == "dapo" else terms.loss / accumulation
 
 
 def grpo_config(*, output_dir: str, rollouts: int, train: TrainConfig, temperature: float,
-                max_completion_length: int, num_generations: int, seed: int) -> GRPOConfig:
+                max_completion_length: int, num_generations: int, seed: int, processes: int = 1) -> GRPOConfig:
+    """TRL's config for one rollout file: `processes` ranks each take train.batch_size / processes rows a step."""
     steps_per_generation = rollouts // train.batch_size
     return GRPOConfig(
         output_dir=output_dir,
-        per_device_train_batch_size=train.batch_size,
+        per_device_train_batch_size=launch.per_device_batch(train.batch_size, processes),
         gradient_accumulation_steps=1,
         steps_per_generation=steps_per_generation,
         num_iterations=train.epochs,

@@ -12,6 +12,7 @@ import shutil
 import time
 from pathlib import Path
 
+import torch.distributed as dist
 from transformers import TrainerCallback
 
 from burstrl import faults
@@ -48,6 +49,16 @@ def mark_complete(checkpoint: Path, step: int, keep: int = 2) -> None:
     tmp.replace(checkpoint / COMPLETE)
     for _, old in checkpoints(checkpoint.parent)[:-keep]:
         shutil.rmtree(old)
+
+
+def agreed(flags: list[bool]) -> list[bool]:
+    """Rank 0's flags on every rank. Clocks differ between processes, and ranks that disagree on saving or
+    stopping would wait for each other in the next collective forever."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return flags
+    shared = [flags]
+    dist.broadcast_object_list(shared, src=0)
+    return shared[0]
 
 
 class Cadence(TrainerCallback):
@@ -89,6 +100,8 @@ class Cadence(TrainerCallback):
             control.should_save = True
             control.should_training_stop = True
             self.stopped_for_deadline = True
+        control.should_save, control.should_training_stop, self.stopped_for_deadline = agreed(
+            [control.should_save, control.should_training_stop, self.stopped_for_deadline])
         self.save_started = now
 
     def on_save(self, args, state, control, **kwargs):

@@ -7,6 +7,7 @@ and exits with status 75 (partial), and the next `dvc repro` continues it. With 
 runs on that host over SSH and brings the outputs back (burstrl.remote).
 """
 
+import datetime
 import os
 import sys
 import time
@@ -20,7 +21,7 @@ from dvclive import Live
 from dvclive.utils import standardize_metric_name
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from burstrl import remote, resume, trainstate
+from burstrl import launch, remote, resume, trainstate
 from burstrl.batch import check_batch, select_rows, staleness
 from burstrl.contract import WEIGHT_FIELDS, check_tokens, read_scored, write_table
 from burstrl.policy import file_sha256, publish_policy, read_metadata, staging_dir
@@ -64,6 +65,12 @@ if __name__ == "__main__":
         sys.exit(status)
     with stage("train", metrics):
         deadline = resume.deadline(cfg.resume.deadline, started=psutil.Process().create_time())
+        # The ranks start later than this process: they get the deadline as a time, not as seconds from now.
+        ranks = launch.run_ranks(cfg.launch, cfg.train, {"BURSTRL_DEADLINE": datetime.datetime.fromtimestamp(
+            deadline, datetime.UTC).isoformat()} if deadline else {})
+        if ranks is not None:
+            close_log()
+            sys.exit(ranks)
         source = Path(f"data/scored/{args.iteration}.parquet")
         table = read_scored(source)
         parent = Path("checkpoints") / args.parent
@@ -73,13 +80,21 @@ if __name__ == "__main__":
         lags = staleness(source, table, parent_meta)
         selection = select_rows(source, table, lags, cfg.train)
         g = cfg.generate
-        work = resume.WorkDir("train", args.iteration, {
-            "scored": file_sha256(source), "parent": parent_meta["content_hash"], "seed": cfg.seed,
-            "generate": [g.num_generations, g.max_tokens, g.prompts_per_iteration], "train": asdict(cfg.train),
-        })
-        for broken in trainstate.discard_incomplete(work.path):
-            print(f"train {args.iteration}: discarded {broken}, which a kill interrupted while it was written")
-        saved = resume.checkpoints(work.path)
+        processes = int(os.environ.get("WORLD_SIZE", "1"))
+        grpo_args = grpo_config(output_dir=str(resume.ROOT / "train" / args.iteration), rollouts=len(table),
+                                train=cfg.train, temperature=temperature, max_completion_length=g.max_tokens,
+                                num_generations=g.num_generations, seed=cfg.seed, processes=processes)
+        main = grpo_args.process_index == 0
+        # The main process checks, and may discard, saved progress before the other ranks look at it.
+        with grpo_args.main_process_first(desc="train work directory"):
+            work = resume.WorkDir("train", args.iteration, {
+                "scored": file_sha256(source), "parent": parent_meta["content_hash"], "seed": cfg.seed,
+                "generate": [g.num_generations, g.max_tokens, g.prompts_per_iteration], "train": asdict(cfg.train),
+                "processes": processes,  # each rank saved its own share of the batch and RNG state
+            })
+            for broken in trainstate.discard_incomplete(work.path) if main else []:
+                print(f"train {args.iteration}: discarded {broken}, which a kill interrupted while it was written")
+            saved = resume.checkpoints(work.path)
         start_step = saved[-1][0] if saved else 0
         if saved:
             print(f"train {args.iteration}: resuming from {saved[-1][1]} (step {start_step})")
@@ -87,7 +102,7 @@ if __name__ == "__main__":
             print(f"train {args.iteration}: the deadline is {deadline - time.time():.0f}s away, inside the "
                   f"{cfg.resume.deadline_margin_seconds:.0f}s margin: not starting", file=sys.stderr)
             close_log()
-            sys.exit(PARTIAL)
+            launch.leave(PARTIAL, main)
         tokenizer = AutoTokenizer.from_pretrained(parent)
         model = AutoModelForCausalLM.from_pretrained(parent)
         r = cfg.resume
@@ -96,9 +111,7 @@ if __name__ == "__main__":
         trainer = RolloutGRPOTrainer(
             model=model,
             processing_class=tokenizer,
-            args=grpo_config(output_dir=str(work.path), rollouts=len(table), train=cfg.train,
-                             temperature=temperature, max_completion_length=g.max_tokens,
-                             num_generations=g.num_generations, seed=cfg.seed),
+            args=grpo_args,
             train_dataset=datasets.Dataset(table.append_column("keep", pa.array(selection.keep))),
             train=cfg.train,
             work=work.path,
@@ -112,7 +125,7 @@ if __name__ == "__main__":
             print(f"train {args.iteration}: stopped for the deadline after step {steps}/{trainer.state.max_steps}; "
                   f"checkpoint in {work.path}/checkpoint-{steps}; `dvc repro` continues it", file=sys.stderr)
             close_log()
-            sys.exit(PARTIAL)
+            launch.leave(PARTIAL, main)
         history = trainer.state.log_history
         for key in ("loss", "kl", "entropy", "clip_ratio", "grad_norm"):
             value = mean_of(history, key)
@@ -123,13 +136,20 @@ if __name__ == "__main__":
         metrics["staleness"] = selection.staleness
         metrics["optimizer_steps"] = steps
         metrics["resumed_from_step"] = start_step
-        tmp = staging_dir(out)
-        trainer.model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        # Collectives first, on every rank: the row report's shares, then the weights (sharded under FSDP).
+        report = trainer.full_row_report(list(zip(table["prompt_id"].to_pylist(), table["sample_index"].to_pylist(),
+                                                  strict=True)))
+        tmp = staging_dir(out) if main else out.with_name(f".{out.name}.tmp")
+        trainer.accelerator.wait_for_everyone()
+        trainer.save_model(str(tmp))  # writes on the main process only, the tokenizer with the weights
+        if not main:
+            close_log()
+            launch.leave(0, main)
+        (tmp / "training_args.bin").unlink()  # the Trainer's pickle of its arguments: no part of a policy
         publish_policy(tmp, out, version=args.iteration, parent=parent_meta, iteration=int(args.iteration))
         weights = pa.table({
             "prompt_id": table["prompt_id"], "sample_index": table["sample_index"], "staleness": lags,
-            "keep": selection.keep, **trainer.row_report,
+            "keep": selection.keep, **report,
         })
         write_table(weights, WEIGHT_FIELDS, Path(f"data/weights/{args.iteration}.parquet"))
         write_curves(f"dvclive/train/{args.iteration}", trainer.args, history)

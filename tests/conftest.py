@@ -108,3 +108,29 @@ def ssh_server(tmp_path_factory):
     yield {"rsh": rsh, "user": user, "port": port, "key": str(home / "client_key")}
     proc.terminate()
     proc.wait(timeout=10)
+
+
+# A small iteration whose train stage is long enough (100 optimizer steps) to interrupt mid-run.
+SCORED_PARAMS = {
+    "task": {"heldout_size": 20},
+    "bootstrap": {"sft_steps": 60},
+    "generate": {"prompts_per_iteration": 8, "num_generations": 4},
+    "train": {"batch_size": 8, "epochs": 25},
+    "resume": {"checkpoint_every_steps": 0, "deadline_margin_seconds": 2},
+}
+
+
+@pytest.fixture(scope="session")
+def scored(tmp_path_factory):
+    """A workspace with iteration 001 generated and scored (SCORED_PARAMS), built once per test session;
+    tests train in copies of it (copy_of)."""
+    root = tmp_path_factory.mktemp("scored")
+    env = scratch_workspace(root, SCORED_PARAMS, {})
+    run(["dvc", "repro", "score@001"], root, env)
+    return root, env
+
+
+def copy_of(scored, dest: Path) -> dict:
+    """A copy of the scored workspace at `dest`; returns the environment its stages run with."""
+    shutil.copytree(scored[0], dest, symlinks=True)
+    return dict(scored[1])

@@ -15,19 +15,11 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from conftest import REPO, run, scratch_workspace
+from conftest import REPO, copy_of, run
 from runpod_standin import RunPodStandIn
 
 pytestmark = pytest.mark.slow
 
-PARAMS = {
-    "task": {"heldout_size": 20},
-    "bootstrap": {"sft_steps": 60},
-    "generate": {"prompts_per_iteration": 8, "num_generations": 4},
-    # 100 optimizer steps: long enough to interrupt mid-run.
-    "train": {"batch_size": 8, "epochs": 25},
-    "resume": {"checkpoint_every_steps": 0, "deadline_margin_seconds": 2},
-}
 # Made up per run, so that not even this file holds them.
 API_KEY = f"rpa_{secrets.token_hex(16)}"
 HUB_TOKEN = f"hf_{secrets.token_hex(16)}"
@@ -35,15 +27,14 @@ OUTPUTS: list[str] = []  # everything the sessions printed, for the secrets scan
 
 
 @pytest.fixture(scope="module")
-def ws(tmp_path_factory, ssh_server):
-    root = tmp_path_factory.mktemp("laptop")
+def ws(tmp_path_factory, ssh_server, scored):
+    root = tmp_path_factory.mktemp("laptop") / "ws"
     pod = tmp_path_factory.mktemp("pod")
     standin = RunPodStandIn(ssh_server["port"])
-    env = scratch_workspace(root, PARAMS, {"RUNPOD_API_BASE_URL": standin.url, "RUNPOD_API_KEY": API_KEY,
-                                           "HF_TOKEN": HUB_TOKEN})
+    env = {**copy_of(scored, root), "RUNPOD_API_BASE_URL": standin.url, "RUNPOD_API_KEY": API_KEY,
+           "HF_TOKEN": HUB_TOKEN}
     env.pop("RSYNC_RSH", None)
     env.pop("BURSTRL_TRAIN_HOST", None)
-    run(["dvc", "repro", "score@001"], root, env)
     secrets_file = pod.parent / f"{pod.name}-home" / "secrets.env"
     base = {
         "provider": "runpod", "max_hours": 1.0, "reserve_minutes": 0.1, "ssh_key": ssh_server["key"],
