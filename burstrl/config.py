@@ -214,8 +214,9 @@ class RunPodConfig:
     """The pod's SSH user."""
     api_key_file: str = "~/.config/burstrl/runpod-api-key"
     """Read when RUNPOD_API_KEY is unset; must lie outside the repository."""
-    self_terminate: str = "runpodctl remove pod {pod_id}"
-    """What the pod runs to end itself when the session's limit is reached (runpodctl comes with every pod)."""
+    self_terminate: str = ". /etc/rp_environment 2>/dev/null; runpodctl remove pod {pod_id}"
+    """What the pod runs to end itself at the session's limit: runpodctl comes with every pod, and its pod-scoped
+    API key with the pod's environment file, which a non-interactive SSH shell does not read by itself."""
 
 
 @dataclass

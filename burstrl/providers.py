@@ -17,6 +17,7 @@ terminating gives nothing back; the on-host limit still stops the training there
 
 import os
 import shlex
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +77,9 @@ class StaticProvider:
     def terminate(self, lease: Lease) -> None:
         print(f"rent: {lease.id} is your own machine: nothing to give back")
 
+    def terminate_named(self, name: str) -> bool:
+        return True
+
     def reap(self) -> list[str]:
         return []
 
@@ -117,8 +121,7 @@ class RunPodProvider:
                              env={"PUBLIC_KEY": self.public_key.read_text().strip()})
         except ProviderError:
             # The create may have reached RunPod before the answer was lost: a pod by this name is ours to end.
-            for found in self._pods(name):
-                self.terminate(Lease(found["id"], name))
+            self.terminate_named(name)
             raise
         print(f"rent: pod {pod['id']} ({name}) created: {c.gpu_count}x {c.gpu_type}", flush=True)
         return Lease(pod["id"], name)
@@ -156,6 +159,16 @@ class RunPodProvider:
         self._call(f"terminate pod {lease.id}", self.sdk.terminate_pod, lease.id)
         self.terminated.add(lease.id)
         print(f"rent: pod {lease.id} terminated", flush=True)
+
+    def terminate_named(self, name: str) -> bool:
+        """Terminate the pods named `name`; True once none is left running."""
+        try:
+            for found in self._pods(name):
+                self.terminate(Lease(found["id"], name))
+        except ProviderError as err:
+            print(f"rent: {err}", file=sys.stderr)
+            return False
+        return True
 
     def _pods(self, name: str | None = None) -> list[dict]:
         pods = self._call("list pods", self.sdk.get_pods) or []

@@ -84,12 +84,12 @@ def clock(seconds: float) -> str:
 def guard_script(workspace: str, seconds: float, self_terminate: str, secrets_file: str) -> str:
     """Arms the limit on the machine: a detached process that, `seconds` from now, stops the training,
     deletes the forwarded secrets and runs `self_terminate`. It outlives the SSH session that starts it."""
-    inner = (f"sleep {int(seconds)}; echo \"$(date -u +%FT%TZ) session limit reached\"; "
+    inner = (f"sleep {int(seconds)}; echo \"$(date -u +%FT%TZ) session limit reached\"; rm -f guard.pid; "
              f"if [ -f ../train.pid ]; then kill $(cat ../train.pid); fi; rm -f {home_path(secrets_file)}; "
              f"{self_terminate or 'true'}")
-    return (f"mkdir -p {shlex.quote(workspace)}/{GUARD} && cd {shlex.quote(workspace)}/{GUARD} && "
+    return (f"mkdir -p {shlex.quote(workspace)}/{GUARD} && cd {shlex.quote(workspace)}/{GUARD} && {{ "
             f"{disarm_in_place()}rm -f ../train.pid; setsid sh -c {shlex.quote(inner)} > guard.log 2>&1 < /dev/null & "
-            f"echo $! > {shlex.quote(workspace)}/{GUARD}/guard.pid")
+            f"echo $! > guard.pid; }}")
 
 
 def disarm_in_place() -> str:
@@ -107,6 +107,7 @@ class Session:
         self.started = time.time()
         self.limit = self.started + hours * 3600
         self.repro: subprocess.Popen | None = None
+        self.name: str | None = None
         self.done = threading.Event()
 
     def cost_line(self) -> str:
@@ -187,36 +188,44 @@ class Session:
             os.killpg(self.repro.pid, signal.SIGKILL)
             self.repro.wait()
 
-    def teardown(self) -> None:
-        """Stop what runs here, disarm the machine's limit and delete the secrets there, give the machine back."""
+    def teardown(self) -> bool:
+        """Stop what runs here, give the machine back, then disarm its limit and delete the secrets there (a
+        machine that could not be given back keeps its limit). Returns whether it was given back."""
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a second Ctrl-C must not cut this short
+            signal.signal(signum, signal.SIG_IGN)
         self.stop_repro()
-        if self.remote is not None:
+        given_back = self.lease is None
+        if self.lease is None and self.name is not None:
+            given_back = self.provider.terminate_named(self.name)  # interrupted while the create was in flight
+        for attempt in range(3 if self.lease is not None else 0):
+            try:
+                self.provider.terminate(self.lease)
+                given_back = True
+                break
+            except ProviderError as err:
+                say(f"rent: {err}")
+                time.sleep(2 * (attempt + 1))
+        if not given_back:
+            say(f"rent: COULD NOT GIVE BACK {self.lease.id if self.lease else self.name}: terminate it by hand "
+                f"(`make reap`); its own limit ends it at {self.limit_text()}")
+        elif self.remote is not None:
             disarm = (f"(cd {shlex.quote(self.remote.dir)}/{GUARD} 2>/dev/null && {disarm_in_place()}true); "
                       f"rm -f {home_path(self.cfg.rent.secrets_file)}")
             try:
                 failed = self.remote.shell(disarm, capture_output=True, stdin=subprocess.DEVNULL, timeout=60).returncode
             except subprocess.TimeoutExpired:
                 failed = True
-            if failed:
-                print(f"rent: could not disarm the limit on {self.remote.host}; it fires at {self.limit_text()}",
-                      file=sys.stderr)
-        if self.lease is not None:
-            for attempt in range(3):
-                try:
-                    self.provider.terminate(self.lease)
-                    break
-                except ProviderError as err:
-                    print(f"rent: {err}", file=sys.stderr)
-                    time.sleep(2 * (attempt + 1))
-            else:
-                print(f"rent: COULD NOT GIVE BACK {self.lease.id}: terminate it by hand (`make reap`); its own "
-                      f"limit ends it at {self.limit_text()}", file=sys.stderr)
+            if failed and self.provider.name == "static":  # a terminated pod is simply gone
+                say(f"rent: could not disarm the limit on {self.remote.host}; it fires at {self.limit_text()}")
         self.done.set()
-        print(f"rent: session over: {self.cost_line()}", flush=True)
+        say(f"rent: session over: {self.cost_line()}", sys.stdout)
+        return given_back
 
     def run(self, stages: list[str]) -> int:
+        code = 1
         try:
-            self.lease = self.provider.create(f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}")
+            self.name = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+            self.lease = self.provider.create(self.name)
             threading.Thread(target=self.ticker, daemon=True).start()
             self.connect()
             self.arm()
@@ -230,19 +239,26 @@ class Session:
                 if code == PARTIAL:
                     print(f"rent: {stage} stopped for the session's deadline; its checkpoint is home. "
                           f"`make rent-h200` again continues it", file=sys.stderr)
-                    return PARTIAL
+                    break
                 if code:
                     raise SessionError(f"{stage} failed (dvc repro exit {code}); see logs/train/")
                 print(f"rent: {stage} done: {self.cost_line()}", flush=True)
-            return 0
         except (ProviderError, SessionError, SyncError) as err:
-            print(f"rent: error: {err}", file=sys.stderr)
-            return 1
+            say(f"rent: error: {err}")
+            code = 1
         except (KeyboardInterrupt, Interrupted):
-            print("rent: interrupted: giving the machine back", file=sys.stderr)
-            return INTERRUPTED
-        finally:
-            self.teardown()
+            say("rent: interrupted: giving the machine back")
+            code = INTERRUPTED
+        given_back = self.teardown()
+        return code if given_back or code else 1
+
+
+def say(line: str, stream=None) -> None:
+    """To stderr (or `stream`), best effort: after SIGHUP the terminal may be gone, which must not stop a teardown."""
+    try:
+        print(line, file=stream or sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 def _raise_interrupted(signum, frame):

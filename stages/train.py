@@ -98,7 +98,8 @@ if __name__ == "__main__":
         start_step = saved[-1][0] if saved else 0
         if saved:
             print(f"train {args.iteration}: resuming from {saved[-1][1]} (step {start_step})")
-        if deadline is not None and deadline - time.time() < cfg.resume.deadline_margin_seconds:
+        # Rank 0's clock decides for every rank: one rank leaving alone would hang the others.
+        if trainstate.agreed([deadline is not None and deadline - time.time() < cfg.resume.deadline_margin_seconds])[0]:
             print(f"train {args.iteration}: the deadline is {deadline - time.time():.0f}s away, inside the "
                   f"{cfg.resume.deadline_margin_seconds:.0f}s margin: not starting", file=sys.stderr)
             close_log()

@@ -50,7 +50,7 @@ def test_checkpoints_come_home_and_a_new_host_continues_from_them(ws):
     root, pod, env = ws
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["train"]["epochs"] = 400  # 1600 steps: longer than the deadline leaves
-    params["resume"].update({"checkpoint_every_steps": 100, "pull_every_seconds": 1})
+    params["resume"].update({"checkpoint_every_steps": 50, "pull_every_seconds": 1})
     (root / "long.yaml").write_text(yaml.safe_dump(params))
     cmd = ["python", "stages/train.py", "001", "000", "--params", "long.yaml"]
     deadline = datetime.datetime.fromtimestamp(time.time() + 25).astimezone().isoformat()
@@ -61,7 +61,7 @@ def test_checkpoints_come_home_and_a_new_host_continues_from_them(ws):
     step = json.loads(saved[0].read_text())["step"]
     assert 0 < step < 1600
     # Checkpoints came home while it ran, not only at the end.
-    assert "checkpoint-100 is home" in done.stdout and f"checkpoint-{step} is home" in done.stdout
+    assert "checkpoint-50 is home" in done.stdout and f"checkpoint-{step} is home" in done.stdout
     shutil.rmtree(pod / "build")  # the rented machine is gone; a fresh one has no progress of its own
     run(cmd, root, env)
     metrics = json.loads((root / "metrics/train/001.json").read_text())
