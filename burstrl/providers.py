@@ -47,6 +47,7 @@ class Endpoint:
     ssh: str
     """The SSH command that reaches it (a key path and options; never a key itself)."""
     usd_per_hour: float
+    """What the provider charges per hour; 0 when it does not say (the session then uses cost.train_usd_per_hour)."""
 
 
 def _outside(path: Path, repo: Path) -> Path:
@@ -58,11 +59,11 @@ def _outside(path: Path, repo: Path) -> Path:
 class StaticProvider:
     name = "static"
 
-    def __init__(self, cfg: RentConfig, ssh_configured: str, usd_per_hour: float):
+    def __init__(self, cfg: RentConfig, ssh_configured: str):
         target = Target.parse(cfg.static.host)
         if not target.host or not target.base.startswith("/"):
             raise ProviderError(f"rent.static.host '{cfg.static.host}': expected [user@]host:/absolute/dir")
-        self.endpoint_ = Endpoint(target.host, target.base.rstrip("/"), ssh_command(ssh_configured), usd_per_hour)
+        self.endpoint_ = Endpoint(target.host, target.base.rstrip("/"), ssh_command(ssh_configured), 0.0)
         self.on_expiry = cfg.static.on_expiry
 
     def create(self, session: str) -> Lease:
@@ -181,7 +182,7 @@ class RunPodProvider:
         return [pod["id"] for pod in found]
 
 
-def provider(cfg: RentConfig, ssh_configured: str, usd_per_hour: float):
+def provider(cfg: RentConfig, ssh_configured: str):
     if cfg.provider == "static":
-        return StaticProvider(cfg, ssh_configured, usd_per_hour)
+        return StaticProvider(cfg, ssh_configured)
     return RunPodProvider(cfg)

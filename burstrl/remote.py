@@ -63,6 +63,12 @@ class Remote:
     def shell(self, script: str, **kwargs) -> subprocess.CompletedProcess:
         return subprocess.run([*shlex.split(self.ssh), self.host, script], **kwargs)
 
+    def run_watched(self, script: str) -> int:
+        """Run `script` (built with `watched`) and return its status. The channel's stdin stays open while it
+        runs and closes when this process ends, however it ends, which stops the command there."""
+        with subprocess.Popen([*shlex.split(self.ssh), self.host, script], stdin=subprocess.PIPE) as ssh:
+            return ssh.wait()
+
     def rsync(self, sources: list[str], dest: str, *extra: str, listing: str | None = None) -> None:
         done = subprocess.run(["rsync", "-a", "--mkpath", "-e", self.ssh, *extra, *sources, dest],
                               input=listing, capture_output=True, text=True)
@@ -138,8 +144,7 @@ def run_train(spec: str, ssh_configured: str, iteration: str, parent: str, param
     poller = threading.Thread(target=bring_checkpoints_home, daemon=True)
     poller.start()
     try:
-        with subprocess.Popen([*shlex.split(remote.ssh), remote.host, command], stdin=subprocess.PIPE) as ssh:
-            status = ssh.wait()
+        status = remote.run_watched(command)
     finally:
         stop.set()
         poller.join()

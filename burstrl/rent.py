@@ -100,7 +100,7 @@ def disarm_in_place() -> str:
 class Session:
     def __init__(self, cfg: Config, hours: float):
         self.cfg, self.hours = cfg, hours
-        self.provider = provider(cfg.rent, cfg.sync.ssh_command, cfg.cost.train_usd_per_hour)
+        self.provider = provider(cfg.rent, cfg.sync.ssh_command)
         self.lease: Lease | None = None
         self.remote: Remote | None = None
         self.price = cfg.cost.train_usd_per_hour
@@ -121,9 +121,7 @@ class Session:
     def step(self, what: str, command: str, cwd: bool = True) -> None:
         print(f"rent: {what}: {command}", flush=True)
         script = f"cd {shlex.quote(self.remote.dir)} && {watched(command)}" if cwd else watched(command)
-        # stdin stays open while it runs: it closes, and the command stops, when this side ends.
-        with subprocess.Popen([*shlex.split(self.remote.ssh), self.remote.host, script], stdin=subprocess.PIPE) as ssh:
-            code = ssh.wait()
+        code = self.remote.run_watched(script)
         if code != 0:
             raise SessionError(f"{what} failed on {self.remote.host} (exit {code}): `{command}`")
 
@@ -284,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.command == "reap":
         try:
-            reaped = provider(cfg.rent, cfg.sync.ssh_command, cfg.cost.train_usd_per_hour).reap()
+            reaped = provider(cfg.rent, cfg.sync.ssh_command).reap()
         except ProviderError as err:
             print(f"rent: error: {err}", file=sys.stderr)
             return 1

@@ -53,7 +53,7 @@ def test_checkpoints_come_home_and_a_new_host_continues_from_them(ws):
     params["resume"].update({"checkpoint_every_steps": 50, "pull_every_seconds": 1})
     (root / "long.yaml").write_text(yaml.safe_dump(params))
     cmd = ["python", "stages/train.py", "001", "000", "--params", "long.yaml"]
-    deadline = datetime.datetime.fromtimestamp(time.time() + 25).astimezone().isoformat()
+    deadline = datetime.datetime.fromtimestamp(time.time() + 45).astimezone().isoformat()
     done = run(cmd, root, {**env, "BURSTRL_DEADLINE": deadline}, check=False)
     assert done.returncode == 75, done.stderr[-2000:]
     saved = list((root / "build/resume/train/001").glob("checkpoint-*/burstrl-complete.json"))
