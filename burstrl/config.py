@@ -85,6 +85,8 @@ class GenerateConfig:
     """Nucleus sampling; 1.0 keeps the full distribution so stored logprobs stay comparable to the trainer's."""
     max_tokens: int = 5
     """Longest completion in tokens."""
+    min_tokens: int = 0
+    """Completions shorter than this cannot end with EOS; benchmarks set it to max_tokens for fixed lengths."""
 
 
 @dataclass
@@ -312,6 +314,8 @@ def load_config(path: Path | str = "params.yaml") -> Config:
                           "pi_theta / pi_old would bias it: set train.kl_ratio_correction to false")
     if cfg.train.max_staleness < 0:
         raise ConfigError(f"{path}: train.max_staleness must be >= 0")
+    if not 0 <= cfg.generate.min_tokens <= cfg.generate.max_tokens:
+        raise ConfigError(f"{path}: need 0 <= generate.min_tokens <= generate.max_tokens")
     if cfg.resume.shard_prompts < 1:
         raise ConfigError(f"{path}: resume.shard_prompts must be >= 1")
     if cfg.launch.processes < 0:

@@ -49,15 +49,20 @@ def running(policy_dir: Path, inf: InferenceConfig, max_len: int, seed: int):
         llm.llm_engine.engine_core.shutdown()
 
 
-def sample(llm, prompt_ids: list[list[int]], seeds: list[int], *, n: int, temperature: float, top_p: float,
-           max_tokens: int) -> list[list[Sample]]:
-    """n completions per prompt; a per-request seed makes each group reproducible on its own."""
+def sampling_params(seeds: list[int], *, n: int, temperature: float, top_p: float, max_tokens: int,
+                    min_tokens: int = 0) -> list:
+    """One request's parameters per prompt: n completions, the sampled token's logprob at each step."""
     from vllm import SamplingParams
 
-    params = [
-        SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0, seed=s)
-        for s in seeds
-    ]
+    return [SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, min_tokens=min_tokens,
+                           logprobs=0, seed=s) for s in seeds]
+
+
+def sample(llm, prompt_ids: list[list[int]], seeds: list[int], *, n: int, temperature: float, top_p: float,
+           max_tokens: int, min_tokens: int = 0) -> list[list[Sample]]:
+    """n completions per prompt; a per-request seed makes each group reproducible on its own."""
+    params = sampling_params(seeds, n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
+                             min_tokens=min_tokens)
     outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=True)
     groups = []
     for out in outputs:

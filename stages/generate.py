@@ -5,6 +5,7 @@ burstrl.policy.mark_derived): rows keep PARENT's version and hash and name DIR's
 Prompts are sampled in shards of resume.shard_prompts; a killed run keeps its finished shards (docs/resume.md).
 """
 
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -71,12 +72,18 @@ if __name__ == "__main__":
         if len(pending) < len(shards.bounds):
             print(f"generate {args.iteration}: resuming: {len(shards.bounds) - len(pending)}/{len(shards.bounds)} "
                   f"shards saved by an interrupted run")
+        timing = {"engine_start_seconds": 0.0, "generation_seconds": 0.0}
         if pending:
+            started = time.monotonic()
             with engine.running(weights, cfg.inference, cfg.model.max_len, cfg.seed) as llm:
+                timing["engine_start_seconds"] = time.monotonic() - started
                 for k in pending:
                     lo, hi = shards.bounds[k]
+                    started = time.monotonic()
                     groups = engine.sample(llm, prompt_ids[lo:hi], seeds[lo:hi], n=g.num_generations,
-                                           temperature=g.temperature, top_p=g.top_p, max_tokens=g.max_tokens)
+                                           temperature=g.temperature, top_p=g.top_p, max_tokens=g.max_tokens,
+                                           min_tokens=g.min_tokens)
+                    timing["generation_seconds"] += time.monotonic() - started
                     faults.point("generate_shard")
                     shards.save(k, rollout_table(prompts.slice(lo, hi - lo), prompt_ids[lo:hi], seeds[lo:hi], groups,
                                                  stamp))
@@ -91,6 +98,7 @@ if __name__ == "__main__":
             "generated_tokens": sum(lengths),
             "shards": len(shards.bounds),
             "shards_resumed": len(shards.bounds) - len(pending),
+            **{key: round(value, 3) for key, value in timing.items()},
         })
     write_json(Path(f"metrics/generate/{args.iteration}.json"), metrics)
     work.finish()

@@ -118,7 +118,9 @@ if __name__ == "__main__":
             work=work.path,
             callbacks=[cadence],
         )
+        started = time.monotonic()
         trainer.train(resume_from_checkpoint=str(saved[-1][1]) if saved else None)
+        metrics["update_seconds"] = round(time.monotonic() - started, 3)  # this run's optimizer steps only
         if not trainer.start_metrics:
             trainer.load_saved_batch()  # resumed after the last step: no step ran to load it
         steps = trainer.state.global_step

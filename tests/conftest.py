@@ -8,11 +8,11 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 import torch
-import yaml
 
+from burstrl import workspace
 from burstrl.contract import ROLLOUT_FIELDS
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = workspace.REPO
 
 
 def rollout_rows(groups: int = 2, size: int = 2) -> list[dict]:
@@ -53,24 +53,8 @@ def run(cmd, cwd, env, check=True):
 
 
 def scratch_workspace(root: Path, params: dict, env: dict) -> dict:
-    """A git clone-alike of the repository in `root` with `params` merged into params.yaml and one
-    iteration; returns the environment stages run with."""
-    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
-    for name in files:
-        if (REPO / name).is_file():
-            (root / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / name, root / name)
-    merged = yaml.safe_load((root / "params.yaml").read_text())
-    for section, values in params.items():
-        merged[section].update(values)
-    (root / "params.yaml").write_text(yaml.safe_dump(merged))
-    (root / "iterations.yaml").write_text('iterations:\n  "001": {parent: "000", sampler: "000"}\n')
-    env = {**os.environ, **env, "DVC_NO_ANALYTICS": "1", "HF_HUB_OFFLINE": "1",
-           "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"}
-    for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
-                ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "ws"]):
-        run(cmd, root, env)
-    return env
+    """A clone-alike of the repository in `root` with `params` merged and one iteration (burstrl.workspace)."""
+    return workspace.scratch(root, params, env)
 
 
 @pytest.fixture(scope="session")
