@@ -11,7 +11,7 @@ EXTRA ?= cpu
 # Checkpoints the sampler of a `make iterate` iteration lags the trainer (docs/objective.md, Staleness).
 LAG ?= 0
 
-.PHONY: setup system browser demo repro iterate report status rent-h200 rent-plan reap lint test test-fast clean
+.PHONY: setup system browser demo repro iterate report status rent-h200 rent-plan reap bench lint test test-fast clean
 
 $(VENV)/.installed-$(EXTRA): pyproject.toml
 	python3 -m venv $(VENV)
@@ -64,6 +64,10 @@ rent-plan: setup
 # Terminate every pod this project started that is still running.
 reap: setup
 	python -m burstrl.rent reap
+
+# Benchmarks against the alternatives (docs/benchmarks.md): ratios on stdout, details in build/bench/.
+bench: setup system
+	python -m bench $(BENCH_ARGS)
 
 lint: setup
 	ruff check .

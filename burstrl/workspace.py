@@ -15,7 +15,7 @@ ONE_ITERATION = 'iterations:\n  "001": {parent: "000", sampler: "000"}\n'
 
 def scratch(root: Path, params: dict, env: dict | None = None, iterations: str = ONE_ITERATION) -> dict:
     """Fill `root` (an empty directory); returns the environment its stages run with: this checkout's
-    virtual environment first on PATH, nothing phoning home."""
+    virtual environment first on PATH, nothing phoning home unless `env` says otherwise."""
     files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
     for name in files:
         if (REPO / name).is_file():
@@ -23,11 +23,11 @@ def scratch(root: Path, params: dict, env: dict | None = None, iterations: str =
             shutil.copy2(REPO / name, root / name)
     merged = yaml.safe_load((root / "params.yaml").read_text())
     for section, values in params.items():
-        merged[section].update(values)
+        merged[section] = {**merged[section], **values} if isinstance(values, dict) else values
     (root / "params.yaml").write_text(yaml.safe_dump(merged))
     (root / "iterations.yaml").write_text(iterations)
-    env = {**os.environ, **(env or {}), "DVC_NO_ANALYTICS": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-           "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"}
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+           "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}", **(env or {})}
     for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
                 ["git", "-c", "user.name=burstrl", "-c", "user.email=burstrl@localhost", "commit", "-qm", "scratch"]):
         subprocess.run(cmd, cwd=root, env=env, capture_output=True, check=True)
