@@ -117,13 +117,13 @@ def ratios(r: dict) -> dict:
     return out
 
 
-def verdicts(results: dict) -> list[tuple[str, str, float, bool]]:
-    """Each target that the sizes run here cover: (name, size, measured, met)."""
+def verdicts(results: dict) -> list[tuple[str, str, float, str, bool]]:
+    """Each target that the sizes run here cover: (name, size, measured, target, met)."""
     rows = []
     for name, key, op, bound, size in TARGETS:
         value = results.get(size, {}).get("ratios", {}).get(key)
         if value is not None:
-            rows.append((name, size, value, value >= bound if op == ">=" else value <= bound))
+            rows.append((name, size, value, f"{op} {bound}", value >= bound if op == ">=" else value <= bound))
     return rows
 
 
@@ -137,9 +137,8 @@ def report(results: dict) -> str:
         if r["training"]["mfu"] is not None:
             lines.append(f"[{size}] trainer MFU {r['training']['mfu']:.1%}")
     lines.append("")
-    for name, size, value, met in verdicts(results):
-        bound = next(f"{op} {b}" for n, _, op, b, _ in TARGETS if n == name)
-        lines.append(f"{'met   ' if met else 'MISSED'} {name} at {size}: {value:.3f} (target {bound})")
+    for name, size, value, target, met in verdicts(results):
+        lines.append(f"{'met   ' if met else 'MISSED'} {name} at {size}: {value:.3f} (target {target})")
     return "\n".join(lines)
 
 
@@ -163,8 +162,7 @@ def main() -> int:
     started = time.monotonic()
     results = {}
     for i, size in enumerate(sizes):
-        results[size] = bench_size(size, args.hardware, scales if i == 0 else [],
-                                   work)
+        results[size] = bench_size(size, args.hardware, scales if i == 0 else [], work)
     (OUT / "results.json").write_text(json.dumps(
         {"device": device(), "hardware": args.hardware, "seconds": time.monotonic() - started, "sizes": results},
         indent=2, default=str))

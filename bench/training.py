@@ -21,7 +21,7 @@ PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "RTX 4070": 58e12,
 
 
 def _batches(scored: Path, size: int):
-    table = pq.read_table(scored, columns=["prompt_ids", "completion_ids", "advantage", "sampler_logprobs"])
+    table = pq.read_table(scored, columns=["prompt_ids", "completion_ids", "advantage"])
     rows = table.to_pylist()
     for lo in range(0, len(rows), size):
         part = rows[lo:lo + size]

@@ -38,9 +38,10 @@ def stage_key(cmdline: list[str]) -> str | None:
     """'generate 001 000' for `python stages/generate.py 001 000 [--params P]`; None for any other process."""
     for i, arg in enumerate(cmdline):
         if arg.startswith("stages/") and arg.endswith(".py"):
-            rest = [a for a in cmdline[i + 1:] if not a.startswith("--")]
-            rest = rest[:len(rest) - 1] if "--params" in cmdline else rest
-            return " ".join([arg[len("stages/"):-3], *rest])
+            args = cmdline[i + 1:]
+            positional = [a for j, a in enumerate(args)
+                          if not a.startswith("--") and (j == 0 or args[j - 1] != "--params")]
+            return " ".join([arg[len("stages/"):-3], *positional])
     return None
 
 

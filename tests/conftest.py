@@ -52,9 +52,7 @@ def run(cmd, cwd, env, check=True):
     return done
 
 
-def scratch_workspace(root: Path, params: dict, env: dict) -> dict:
-    """A clone-alike of the repository in `root` with `params` merged and one iteration (burstrl.workspace)."""
-    return workspace.scratch(root, params, env)
+scratch_workspace = workspace.scratch  # a clean-clone copy with params merged and one iteration
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ from burstrl import workspace
 @pytest.mark.parametrize(("cmdline", "key"), [
     (["python", "stages/generate.py", "001", "000"], "generate 001 000"),
     (["/usr/bin/python3", "stages/score.py", "001", "--params", "scaled.yaml"], "score 001"),
-    (["python", "stages/train.py", "002", "001", "--params", "p.yaml"], "train 002 001"),
+    (["python", "stages/train.py", "002", "--params", "p.yaml", "001"], "train 002 001"),
     (["python", "-m", "vllm.entrypoints"], None),
     (["tee", "logs/generate.log"], None),
 ])
@@ -71,7 +71,7 @@ def test_ratios_and_verdicts_from_hand_computed_figures():
                                  "overhead_share": 0.04})
     assert (tiny["rss_4x"], tiny["rss_16x"]) == pytest.approx((1.1, 1.2))  # the worse of score and train
     assert tiny["rss_per_rollout_byte"] == 0.5
-    met = {(name, size): ok for name, size, _, ok in verdicts({"tiny": {"ratios": tiny}, "30m": {"ratios": mid}})}
+    met = {(name, size): ok for name, size, _, _, ok in verdicts({"tiny": {"ratios": tiny}, "30m": {"ratios": mid}})}
     assert met == {
         ("generate vs HF generate (tokens/s)", "30m"): True,
         ("generate vs raw vLLM (tokens/s)", "30m"): False,
