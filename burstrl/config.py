@@ -17,6 +17,7 @@ IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 STRATEGIES = ("ddp", "fsdp", "deepspeed_zero2", "deepspeed_zero3")
 PROVIDERS = ("runpod", "static")
+QUANTIZATIONS = ("none", "gptq", "awq")
 
 
 class ConfigError(ValueError):
@@ -74,6 +75,24 @@ class InferenceConfig:
 
 
 @dataclass
+class ServersConfig:
+    """OpenAI-compatible `vllm serve` endpoints on the inference boxes (burstrl.servers; `python -m burstrl.serve`
+    runs one). Empty lists keep the offline engine. Which box answers changes no result, so no stage tracks it."""
+    policy: list[str] = field(default_factory=list)
+    """Base URLs (http://host:port) serving the rollout policy to generate; prompts are sharded across them."""
+    reference: list[str] = field(default_factory=list)
+    """Base URLs serving the frozen reference (checkpoints/000) to score's KL logprobs."""
+    reward: list[str] = field(default_factory=list)
+    """Base URLs serving the judge model of burstrl.rewards.judge (score.judge)."""
+    concurrency: int = 16
+    """Requests in flight per endpoint."""
+    request_timeout_seconds: float = 600.0
+    """One request's limit; a request past it, refused or failed goes to another endpoint."""
+    wait_seconds: float = 300.0
+    """How long a stage waits for some endpoint to come back (a server reloading after sync) before it stops."""
+
+
+@dataclass
 class GenerateConfig:
     prompts_per_iteration: int = 256
     """Prompts drawn (seeded by iteration) from the train split for each rollout batch."""
@@ -87,6 +106,18 @@ class GenerateConfig:
     """Longest completion in tokens."""
     min_tokens: int = 0
     """Completions shorter than this cannot end with EOS; benchmarks set it to max_tokens for fixed lengths."""
+
+
+@dataclass
+class JudgeConfig:
+    model: str = ""
+    """Served model name of the judge behind servers.reward; empty: burstrl.rewards.judge is not available."""
+    template: str = "{prompt}{completion}"
+    """Judge prompt, formatted with the row's prompt, completion and task columns."""
+    right: str = " yes"
+    """Continuation that means right; the reward is P(right) / (P(right) + P(wrong)) under the judge."""
+    wrong: str = " no"
+    """Continuation that means wrong."""
 
 
 @dataclass
@@ -104,6 +135,8 @@ class ScoreConfig:
     """Baseline subtracted from each reward: "group_mean" (GRPO) or "leave_one_out" (RLOO)."""
     scale_rewards: str = "group"
     """Divide centred rewards by the group's std ("group", GRPO), the batch's ("batch") or not ("none", Dr. GRPO)."""
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    """A model served with vLLM as a reward function (burstrl.rewards.judge), beside rule-based verifiers."""
 
 
 @dataclass
@@ -159,6 +192,12 @@ class SyncConfig:
     """Where new weights go: local directories or `user@host:path` over SSH."""
     ssh_command: str = "ssh -o BatchMode=yes"
     """The remote shell rsync uses; keys come from the SSH agent or ~/.ssh, never from params."""
+    quantize: str = "none"
+    """Ship W4A16 weights instead of the checkpoint: "gptq" or "awq" (llm-compressor), or "none"."""
+    quantize_python: str = ".venv-quantize/bin/python"
+    """Interpreter of the environment with llm-compressor (`make setup-quantize`), kept apart from vLLM's pins."""
+    calibration_prompts: int = 64
+    """Task prompts the quantizer calibrates on."""
 
 
 @dataclass
@@ -267,6 +306,7 @@ class Config:
     task: TaskConfig = field(default_factory=TaskConfig)
     bootstrap: BootstrapConfig = field(default_factory=BootstrapConfig)
     inference: InferenceConfig = field(default_factory=InferenceConfig)
+    servers: ServersConfig = field(default_factory=ServersConfig)
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     score: ScoreConfig = field(default_factory=ScoreConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -303,6 +343,7 @@ def load_config(path: Path | str = "params.yaml") -> Config:
         "train.is_mode": (cfg.train.is_mode, IS_MODES),
         "launch.strategy": (cfg.launch.strategy, STRATEGIES),
         "rent.provider": (cfg.rent.provider, PROVIDERS),
+        "sync.quantize": (cfg.sync.quantize, QUANTIZATIONS),
     }
     for key, (value, allowed) in choices.items():
         if value not in allowed:
@@ -322,6 +363,12 @@ def load_config(path: Path | str = "params.yaml") -> Config:
         raise ConfigError(f"{path}: launch.processes must be >= 0 (0: one per visible GPU)")
     if cfg.rent.reserve_minutes * 60 >= cfg.rent.max_hours * 3600:
         raise ConfigError(f"{path}: rent.reserve_minutes must be shorter than rent.max_hours")
+    for role in ("policy", "reference", "reward"):
+        for url in getattr(cfg.servers, role):
+            if not url.startswith(("http://", "https://")):
+                raise ConfigError(f"{path}: servers.{role}: '{url}' is not a base URL (http://host:port)")
+    if cfg.servers.concurrency < 1:
+        raise ConfigError(f"{path}: servers.concurrency must be >= 1")
     if len(cfg.score.reward_funcs) != len(cfg.score.reward_weights):
         raise ConfigError(f"{path}: score.reward_funcs and score.reward_weights must have the same length")
     return cfg
