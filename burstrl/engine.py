@@ -25,6 +25,23 @@ class Sample:
     text: str
 
 
+def engine_args(inf: InferenceConfig, max_len: int, seed: int) -> dict:
+    """vLLM engine arguments from params, the same for the offline engine and for `vllm serve` (burstrl.serve)."""
+    return {
+        "dtype": inf.dtype,
+        "seed": seed,
+        "gpu_memory_utilization": inf.gpu_memory_utilization,
+        "enforce_eager": inf.enforce_eager,
+        "max_model_len": max_len,
+        "max_num_seqs": inf.max_num_seqs,
+        # Logprobs after temperature scaling: the distribution the sampler actually drew from.
+        "logprobs_mode": "processed_logprobs",
+        # vLLM's own sampling defaults, not the model's generation_config.json: a server fills fields a request
+        # leaves out from it, and the offline engine and the server must sample alike.
+        "generation_config": "vllm",
+    }
+
+
 @contextmanager
 def running(policy_dir: Path, inf: InferenceConfig, max_len: int, seed: int):
     """A vLLM engine for `policy_dir`, shut down on exit: left to interpreter teardown, its worker
@@ -32,21 +49,34 @@ def running(policy_dir: Path, inf: InferenceConfig, max_len: int, seed: int):
     from vllm import LLM
 
     faults.point("engine_start")
-    llm = LLM(
-        model=str(policy_dir),
-        dtype=inf.dtype,
-        seed=seed,
-        gpu_memory_utilization=inf.gpu_memory_utilization,
-        enforce_eager=inf.enforce_eager,
-        max_model_len=max_len,
-        max_num_seqs=inf.max_num_seqs,
-        # Logprobs after temperature scaling: the distribution the sampler actually drew from.
-        logprobs_mode="processed_logprobs",
-    )
+    llm = LLM(model=str(policy_dir), **engine_args(inf, max_len, seed))
     try:
         yield llm
     finally:
         llm.llm_engine.engine_core.shutdown()
+
+
+class Offline:
+    """A running engine behind the calls of burstrl.servers.Pool, so a stage samples the same way from either."""
+    variant = "checkpoint"
+
+    def __init__(self, llm):
+        self.llm = llm
+
+    def sample(self, prompt_ids, seeds, **kwargs) -> list[list["Sample"]]:
+        return sample(self.llm, prompt_ids, seeds, **kwargs)
+
+    def token_logprobs(self, prompt_ids, completion_ids) -> list[list[float]]:
+        return token_logprobs(self.llm, prompt_ids, completion_ids)
+
+    def stats(self) -> dict:
+        return {}
+
+
+@contextmanager
+def offline(policy_dir: Path, inf: InferenceConfig, max_len: int, seed: int):
+    with running(policy_dir, inf, max_len, seed) as llm:
+        yield Offline(llm)
 
 
 def sampling_params(seeds: list[int], *, n: int, temperature: float, top_p: float, max_tokens: int,

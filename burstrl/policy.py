@@ -146,3 +146,23 @@ def staging_dir(out_dir: Path) -> Path:
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     return tmp
+
+
+def served_name(directory: Path) -> str:
+    """The model name a vLLM server gives `directory` (burstrl.serve) and a stage asks for: `<version>-<hash12>`
+    for a checkpoint, `<version>-<hash12>@<variant>` for a copy made by `mark_derived` (quantized weights)."""
+    path = directory / METADATA
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ContractError(f"{path}: cannot read the policy's metadata: {err}") from err
+    origin = meta.get("derived_from", meta)
+    if not {"policy_version", "content_hash"} <= origin.keys():
+        raise ContractError(f"{path}: field 'policy_version' or 'content_hash' is missing")
+    name = policy_name(origin)
+    return f"{name}@{meta['variant']}" if "derived_from" in meta else name
+
+
+def policy_name(meta: dict) -> str:
+    """`<version>-<hash12>`: how sync names a checkpoint's directory and a server names the policy it serves."""
+    return f"{meta['policy_version']}-{meta['content_hash'][:12]}"

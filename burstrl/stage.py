@@ -16,6 +16,7 @@ from omegaconf.errors import OmegaConfBaseException
 from burstrl.config import Config, ConfigError, load_config
 from burstrl.contract import ContractError
 from burstrl.launch import launched
+from burstrl.servers import ServerError
 from burstrl.sync import SyncError
 
 
@@ -108,7 +109,7 @@ def stage(name: str, metrics: dict):
     start = time.monotonic()
     try:
         yield
-    except (ContractError, ConfigError, SyncError) as err:
+    except (ContractError, ConfigError, SyncError, ServerError) as err:
         print(f"{name}: error: {err}", file=sys.stderr)
         sys.exit(1)
     metrics["seconds"] = round(time.monotonic() - start, 2)

@@ -1,20 +1,24 @@
 """generate ITER PARENT: sample G completions per prompt from checkpoints/PARENT into data/rollouts/ITER.parquet.
 
-With --weights DIR the sampler runs DIR instead, a copy of PARENT with changed weights (see
-burstrl.policy.mark_derived): rows keep PARENT's version and hash and name DIR's variant in `sampler_weights`.
+With servers.policy set, the completions come from those vLLM servers (burstrl.servers), which must serve
+PARENT; a server of quantized weights names its variant, which goes into `sampler_weights`. With --weights DIR
+the offline sampler runs DIR instead, a copy of PARENT with changed weights (see burstrl.policy.mark_derived):
+rows keep PARENT's version and hash and name DIR's variant in `sampler_weights`.
 Prompts are sampled in shards of resume.shard_prompts; a killed run keeps its finished shards (docs/resume.md).
 """
 
 import time
+from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
 
 import pyarrow as pa
 from transformers import AutoTokenizer
 
-from burstrl import engine, faults
+from burstrl import engine, faults, servers
+from burstrl.config import ConfigError
 from burstrl.contract import ROLLOUT_FIELDS, read_rollouts, read_task, write_table
-from burstrl.policy import content_hash, file_sha256, read_metadata, read_variant
+from burstrl.policy import content_hash, file_sha256, policy_name, read_metadata, read_variant
 from burstrl.resume import Shards, WorkDir
 from burstrl.stage import finish, parse, stage, write_json
 from burstrl.task import check_fits, draw_prompts
@@ -48,6 +52,8 @@ if __name__ == "__main__":
     with stage("generate", metrics):
         policy = Path("checkpoints") / args.parent
         meta = read_metadata(policy)
+        if args.weights and cfg.servers.policy:
+            raise ConfigError("generate --weights runs the offline engine on those weights: unset servers.policy")
         weights = Path(args.weights) if args.weights else policy
         variant = read_variant(weights, meta) if args.weights else "checkpoint"
         tokenizer = AutoTokenizer.from_pretrained(policy)
@@ -58,35 +64,42 @@ if __name__ == "__main__":
         check_fits(prompts, prompt_ids, g.max_tokens, cfg.model.max_len)
         # One seed per prompt: a group, and so a shard, can be regenerated alone and come out the same.
         seeds = [cfg.seed * 1_000_003 + int(args.iteration) * 100_003 + pid for pid in prompts["prompt_id"].to_pylist()]
-        stamp = {"policy_version": meta["policy_version"], "policy_hash": meta["content_hash"],
-                 "sampler_weights": variant, "tokenizer_hash": meta["tokenizer_hash"],
-                 "temperature": g.temperature, "top_p": g.top_p}
-        work = WorkDir("generate", args.iteration, {
+        shard_key = {
             "task": file_sha256(task_file), "policy": meta["content_hash"],
             "weights": content_hash(weights) if args.weights else meta["content_hash"], "seed": cfg.seed,
             "max_len": cfg.model.max_len, "inference": asdict(cfg.inference), "generate": asdict(g),
             "shard_prompts": cfg.resume.shard_prompts,
-        })
-        shards = Shards(work, len(prompt_ids), cfg.resume.shard_prompts)
-        pending = shards.pending()
-        if len(pending) < len(shards.bounds):
-            print(f"generate {args.iteration}: resuming: {len(shards.bounds) - len(pending)}/{len(shards.bounds)} "
-                  f"shards saved by an interrupted run")
+        }
         timing = {"engine_start_seconds": 0.0, "generation_seconds": 0.0}
-        if pending:
-            started = time.monotonic()
-            with engine.running(weights, cfg.inference, cfg.model.max_len, cfg.seed) as llm:
+        with ExitStack() as stack:
+            pool = (stack.enter_context(servers.connected(cfg.servers.policy, policy_name(meta), cfg.servers, "policy"))
+                    if cfg.servers.policy else None)
+            variant = pool.variant if pool else variant
+            stamp = {"policy_version": meta["policy_version"], "policy_hash": meta["content_hash"],
+                     "sampler_weights": variant, "tokenizer_hash": meta["tokenizer_hash"],
+                     "temperature": g.temperature, "top_p": g.top_p}
+            # Shards of other weights (a quantized server after a full-precision one) never mix in one file.
+            work = WorkDir("generate", args.iteration, {**shard_key, "sampler_weights": variant})
+            shards = Shards(work, len(prompt_ids), cfg.resume.shard_prompts)
+            pending = shards.pending()
+            if len(pending) < len(shards.bounds):
+                print(f"generate {args.iteration}: resuming: {len(shards.bounds) - len(pending)}/"
+                      f"{len(shards.bounds)} shards saved by an interrupted run")
+            if pending:
+                started = time.monotonic()
+                sampler = pool or stack.enter_context(engine.offline(weights, cfg.inference, cfg.model.max_len,
+                                                                     cfg.seed))
                 timing["engine_start_seconds"] = time.monotonic() - started
-                for k in pending:
-                    lo, hi = shards.bounds[k]
-                    started = time.monotonic()
-                    groups = engine.sample(llm, prompt_ids[lo:hi], seeds[lo:hi], n=g.num_generations,
-                                           temperature=g.temperature, top_p=g.top_p, max_tokens=g.max_tokens,
-                                           min_tokens=g.min_tokens)
-                    timing["generation_seconds"] += time.monotonic() - started
-                    faults.point("generate_shard")
-                    shards.save(k, rollout_table(prompts.slice(lo, hi - lo), prompt_ids[lo:hi], seeds[lo:hi], groups,
-                                                 stamp))
+            for k in pending:
+                lo, hi = shards.bounds[k]
+                started = time.monotonic()
+                groups = sampler.sample(prompt_ids[lo:hi], seeds[lo:hi], n=g.num_generations,
+                                        temperature=g.temperature, top_p=g.top_p, max_tokens=g.max_tokens,
+                                        min_tokens=g.min_tokens)
+                timing["generation_seconds"] += time.monotonic() - started
+                faults.point("generate_shard")
+                shards.save(k, rollout_table(prompts.slice(lo, hi - lo), prompt_ids[lo:hi], seeds[lo:hi], groups,
+                                             stamp))
         write_table(shards.load(), ROLLOUT_FIELDS, out)
         table = read_rollouts(out)
         lengths = [len(ids) for ids in table["completion_ids"].to_pylist()]
@@ -99,6 +112,7 @@ if __name__ == "__main__":
             "shards": len(shards.bounds),
             "shards_resumed": len(shards.bounds) - len(pending),
             **{key: round(value, 3) for key, value in timing.items()},
+            **({"servers": pool.stats()} if pool else {}),
         })
     write_json(Path(f"metrics/generate/{args.iteration}.json"), metrics)
     work.finish()

@@ -3,19 +3,22 @@
 The reference is the frozen bootstrap policy (checkpoints/000), run in vLLM over prompt + completion token
 ids with prompt_logprobs, so its logprobs line up token for token with the sampled completion. With
 train.beta = 0 there is no KL term, so the reference is not run and `ref_logprobs` is null. The reference
-pass runs in shards of resume.shard_prompts groups' rows; a killed run keeps its finished shards. Rewards
-are recomputed on every run: rule-based verifiers take milliseconds.
+pass runs in shards of resume.shard_prompts groups' rows; a killed run keeps its finished shards. With
+servers.reference set it runs on those vLLM servers (burstrl.servers), which must serve checkpoints/000.
+Rewards are recomputed on every run: rule-based verifiers take milliseconds, a served judge (score.judge,
+servers.reward) seconds.
 """
 
+from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
 
 import pyarrow as pa
 
-from burstrl import engine, faults
+from burstrl import engine, faults, servers
 from burstrl.advantages import group_advantages, zero_variance_groups
 from burstrl.contract import ROLLOUT_FIELDS, SCORED_FIELDS, check_tokens, read_rollouts, write_table
-from burstrl.policy import file_sha256, read_metadata
+from burstrl.policy import file_sha256, policy_name, read_metadata
 from burstrl.resume import Shards, WorkDir
 from burstrl.rewards import score_table
 from burstrl.stage import finish, parse, stage, write_json
@@ -37,6 +40,7 @@ if __name__ == "__main__":
         advantages = group_advantages(rewards, groups, baseline=s.advantage_baseline, scale=s.scale_rewards)
 
         shards_resumed = 0
+        reference_pool = None
         if cfg.train.beta:
             reference = read_metadata(REFERENCE)
             check_tokens(source, rollouts, REFERENCE, reference)
@@ -51,14 +55,19 @@ if __name__ == "__main__":
             if shards_resumed:
                 print(f"score {args.iteration}: resuming: {shards_resumed}/{len(shards.bounds)} reference shards "
                       "saved by an interrupted run")
-            if pending:
-                with engine.running(REFERENCE, cfg.inference, cfg.model.max_len, cfg.seed) as llm:
-                    for k in pending:
-                        part = rollouts.slice(shards.bounds[k][0], shards.bounds[k][1] - shards.bounds[k][0])
-                        ref = engine.token_logprobs(llm, part["prompt_ids"].to_pylist(),
-                                                    part["completion_ids"].to_pylist())
-                        faults.point("score_shard")
-                        shards.save(k, pa.table({"ref_logprobs": pa.array(ref, pa.list_(pa.float32()))}))
+            with ExitStack() as stack:
+                if pending and cfg.servers.reference:
+                    reference_pool = stack.enter_context(servers.connected(
+                        cfg.servers.reference, policy_name(reference), cfg.servers, "reference"))
+                    sampler = reference_pool
+                elif pending:
+                    sampler = stack.enter_context(engine.offline(REFERENCE, cfg.inference, cfg.model.max_len,
+                                                                 cfg.seed))
+                for k in pending:
+                    part = rollouts.slice(shards.bounds[k][0], shards.bounds[k][1] - shards.bounds[k][0])
+                    ref = sampler.token_logprobs(part["prompt_ids"].to_pylist(), part["completion_ids"].to_pylist())
+                    faults.point("score_shard")
+                    shards.save(k, pa.table({"ref_logprobs": pa.array(ref, pa.list_(pa.float32()))}))
             ref_column = shards.load()["ref_logprobs"]
         else:
             print("score: train.beta is 0, so no KL term: skipping reference logprobs (ref_logprobs is null)")
@@ -76,7 +85,8 @@ if __name__ == "__main__":
             metrics[f"reward/{name}"] = sum(present) / max(1, len(present))
         metrics.update({"reward_mean": sum(rewards) / len(rewards), "rollouts": len(rewards),
                         "groups": len(set(groups)), "groups_zero_variance": len(zero_variance_groups(rewards, groups)),
-                        "reference_logprobs": bool(cfg.train.beta), "shards_resumed": shards_resumed})
+                        "reference_logprobs": bool(cfg.train.beta), "shards_resumed": shards_resumed,
+                        **({"servers": reference_pool.stats()} if reference_pool else {})})
     write_json(Path(f"metrics/score/{args.iteration}.json"), metrics)
     if work is not None:
         work.finish()

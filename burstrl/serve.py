@@ -1,0 +1,130 @@
+"""python -m burstrl.serve --port P (--watch DIR | --model DIR): keep a vLLM server on an inference box serving
+the newest synced policy.
+
+--watch DIR follows a sync target (burstrl.sync): DIR/current names the newest complete model, and when sync
+swaps it the server is stopped and a new one started on the new directory. --model DIR serves one directory
+for good (the frozen reference, a judge). The server is vLLM's OpenAI-compatible one, started with the engine
+arguments of params.yaml (`inference`, `model.max_len`, `seed`: burstrl.engine.engine_args), so it samples
+as the offline engine does. It names the model it serves `<version>-<hash12>[@<variant>]`
+(burstrl.policy.served_name): `GET /v1/models` reports which policy version it serves, and every request of
+a stage names the version it expects, so no request is answered by other weights. vLLM answers no request
+before its weights are loaded; while one server stops and the next loads, stages wait (servers.wait_seconds).
+"""
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from burstrl.config import load_config
+from burstrl.engine import engine_args
+from burstrl.policy import served_name
+
+SERVER = "vllm.entrypoints.openai.api_server"  # what `vllm serve` runs, in 0.11-era releases and since
+
+
+def server_argv(model_dir: Path, name: str, host: str, port: int, params: Path) -> list[str]:
+    cfg = load_config(params)
+    argv = [sys.executable, "-m", SERVER, "--model", str(model_dir), "--served-model-name", name,
+            "--host", host, "--port", str(port), "--disable-uvicorn-access-log"]
+    for key, value in engine_args(cfg.inference, cfg.model.max_len, cfg.seed).items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            argv += [flag] if value else []
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def resolve(args) -> Path | None:
+    """The directory to serve now; None while a watched target has had no sync yet."""
+    if args.model:
+        return Path(args.model).resolve()
+    current = Path(args.watch) / "current"
+    return current.resolve() if current.exists() else None
+
+
+def served(url: str) -> list[str]:
+    try:
+        with urllib.request.urlopen(f"{url}/v1/models", timeout=5) as resp:
+            return [m["id"] for m in json.load(resp)["data"]]
+    except (OSError, ValueError):
+        return []
+
+
+class Server:
+    """One vLLM server process (in its own process group, so stopping it stops its engine workers too)."""
+
+    def __init__(self, model_dir: Path, args):
+        self.name = served_name(model_dir)
+        self.url = f"http://{args.host}:{args.port}"
+        argv = server_argv(model_dir, self.name, args.host, args.port, Path(args.params))
+        print(f"serve: starting {self.name} from {model_dir} on {self.url}", flush=True)
+        self.proc = subprocess.Popen(argv, start_new_session=True)
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self.name not in served(self.url):
+            if self.proc.poll() is not None:
+                raise SystemExit(f"serve: the vLLM server of {self.name} exited ({self.proc.returncode})")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise SystemExit(f"serve: the vLLM server of {self.name} was not ready after {timeout:.0f}s")
+            time.sleep(0.5)
+        print(f"serve: serving {self.name} on {self.url}", flush=True)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--watch", help="a sync target directory: serve DIR/current, reload when it moves")
+    where.add_argument("--model", help="serve this model directory")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--params", default="params.yaml", help="engine settings (default: params.yaml)")
+    parser.add_argument("--poll-seconds", type=float, default=2.0, help="how often --watch looks for a new sync")
+    parser.add_argument("--ready-timeout", type=float, default=900.0, help="longest a server may take to load")
+    args = parser.parse_args()
+
+    server: Server | None = None
+
+    def shutdown(signum, frame):
+        if server is not None:
+            server.stop()
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, shutdown)
+    signal.signal(signal.SIGINT, shutdown)
+    serving: Path | None = None
+    if resolve(args) is None:
+        print(f"serve: waiting for a first sync into {args.watch}", flush=True)
+    while True:
+        target = resolve(args)
+        if target is not None and target != serving:
+            if server is not None:
+                print(f"serve: {args.watch}/current moved to {target.name}: restarting", flush=True)
+                server.stop()
+            server = Server(target, args)
+            server.wait_ready(args.ready_timeout)
+            serving = target
+        if server is not None and server.proc.poll() is not None:
+            raise SystemExit(f"serve: the vLLM server of {server.name} exited ({server.proc.returncode})")
+        time.sleep(args.poll_seconds)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""Client of OpenAI-compatible vLLM servers (`vllm serve`, started on the inference boxes by burstrl.serve).
+
+A `Pool` answers the same calls as the offline engine (`sample`, `token_logprobs`) from one or more endpoints.
+Prompts go in as token ids and come back as token ids (`return_tokens_as_token_ids`, `prompt_logprobs` keyed
+by id), so nothing is re-tokenized. Requests are spread over the endpoints, `concurrency` in flight on each;
+one that fails on an endpoint (refused, reset, timed out, 5xx) marks that endpoint down and goes to another;
+when none is left, the pool waits for any to come back (servers.wait_seconds).
+The pool asks each endpoint which model it serves (`/v1/models`) and every request names that model, so an
+endpoint that serves another policy version than the stage expects, or reloads to one mid-run, stops the
+stage with a ServerError rather than answering for the wrong weights.
+
+Per-request seeds make a retried request come back identical, whichever endpoint answers it.
+"""
+
+import json
+import queue
+import threading
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+
+from burstrl.config import ServersConfig
+from burstrl.engine import Sample
+
+SCORE_BATCH = 32  # sequences per prompt_logprobs request: one HTTP round trip each, no per-row seeds needed
+
+
+class ServerError(RuntimeError):
+    """An endpoint serves the wrong model or refused a request; the message names the endpoint and the request."""
+
+
+class _Down(Exception):
+    """An endpoint failed in a way another endpoint may not (transport error, timeout, 5xx)."""
+
+
+class Pool:
+    def __init__(self, urls: list[str], expect: str, settings: ServersConfig, role: str):
+        """`expect`: the served name (burstrl.policy.policy_name) a correct endpoint lists, alone or as
+        `expect@variant`; `role` names the params key (servers.<role>) in errors."""
+        self.urls = [u.rstrip("/") for u in urls]
+        self.expect, self.settings, self.role = expect, settings, role
+        self.model = ""
+        self.answered = {u: 0 for u in self.urls}
+        self.failovers = 0
+        self.lost: list[str] = []
+        self.up: list[str] = []
+
+    @property
+    def variant(self) -> str:
+        """What the endpoints serve: "checkpoint", or the label of derived weights such as w4a16-gptq."""
+        return self.model.partition("@")[2] or "checkpoint"
+
+    def stats(self) -> dict:
+        return {"served_model": self.model, "requests": dict(self.answered), "failovers": self.failovers,
+                "endpoints_lost": list(self.lost)}
+
+    def _request(self, url: str, path: str, body: dict | None = None) -> dict:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=self.settings.request_timeout_seconds) as resp:
+                return json.load(resp)
+        except urllib.error.HTTPError as err:
+            detail = err.read().decode(errors="replace")[:500]
+            if err.code >= 500:
+                raise _Down(f"HTTP {err.code}: {detail}") from err
+            if err.code == 404 and body is not None:
+                raise ServerError(f"{url} no longer serves {self.model} (servers.{self.role}): it was reloaded "
+                                  f"with other weights mid-run: {detail}") from err
+            raise ServerError(f"{url}{path}: HTTP {err.code}: {detail}") from err
+        except (OSError, ValueError) as err:
+            raise _Down(str(err)) from err
+
+    def _served(self, url: str) -> str:
+        ids = [m["id"] for m in self._request(url, "/v1/models")["data"]]
+        match = [i for i in ids if i == self.expect or i.startswith(self.expect + "@")]
+        if not match:
+            raise ServerError(f"{url} (servers.{self.role}) serves {', '.join(ids) or 'nothing'}, but this stage "
+                              f"expects {self.expect}: sync that checkpoint and let `python -m burstrl.serve` "
+                              "reload, or point servers." + self.role + " at a server of it")
+        return match[0]
+
+    def alive(self) -> list[str]:
+        """The endpoints that answer now, each checked to serve the expected model; waits up to
+        servers.wait_seconds for one (a server reloading after sync), then raises a ServerError."""
+        deadline = time.monotonic() + self.settings.wait_seconds
+        while True:
+            up, errors = [], {}
+            for url in self.urls:
+                try:
+                    name = self._served(url)
+                except _Down as err:
+                    errors[url] = str(err)
+                    continue
+                if self.model and name != self.model:
+                    raise ServerError(f"{url} serves {name} while the others serve {self.model}: one batch must "
+                                      "come from one set of weights")
+                self.model = name
+                up.append(url)
+            if up:
+                return up
+            if time.monotonic() > deadline:
+                raise ServerError(f"no endpoint of servers.{self.role} answered for {self.settings.wait_seconds:.0f}"
+                                  "s: " + "; ".join(f"{u}: {e}" for u, e in errors.items()))
+            time.sleep(1.0)
+
+    def map(self, path: str, bodies: list[dict]) -> list[dict]:
+        """POST every body, each answered once by some endpoint; the responses in the order of `bodies`.
+        An endpoint that failed stays out until none is left; then all are asked again (`alive`)."""
+        results: list[dict | None] = [None] * len(bodies)
+        pending = list(range(len(bodies)))
+        while pending:
+            if not self.up:
+                self.up = self.alive()
+            pending = self._round(path, bodies, pending, results)
+        return results
+
+    def _round(self, path, bodies, pending, results) -> list[int]:
+        """Serve `pending` from the endpoints up until the queue drains; returns what is left when every
+        endpoint that took part failed."""
+        work: queue.Queue[int] = queue.Queue()
+        for index in pending:
+            work.put(index)
+        down: set[str] = set()
+        errors: list[ServerError] = []
+        lock = threading.Lock()
+
+        def worker(url: str) -> None:
+            while url not in down and not errors:
+                try:
+                    index = work.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    results[index] = self._request(url, path, {**bodies[index], "model": self.model})
+                except _Down as err:
+                    work.put(index)
+                    with lock:
+                        self.failovers += 1
+                        if url not in down:
+                            down.add(url)
+                            self.lost.append(url)
+                            print(f"servers: {url} failed ({err}); its requests go to the other endpoints", flush=True)
+                    return
+                except ServerError as err:
+                    errors.append(err)
+                    return
+                with lock:
+                    self.answered[url] += 1
+
+        # Started round-robin, so that a few requests spread over the endpoints too.
+        threads = [threading.Thread(target=worker, args=(url,), daemon=True)
+                   for _ in range(self.settings.concurrency) for url in self.up]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+        self.up = [url for url in self.up if url not in down]
+        return sorted(work.queue)
+
+    def sample(self, prompt_ids: list[list[int]], seeds: list[int], *, n: int, temperature: float, top_p: float,
+               max_tokens: int, min_tokens: int = 0) -> list[list[Sample]]:
+        """n completions per prompt, one request per prompt so that each carries its own seed."""
+        bodies = [{"prompt": ids, "n": n, "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens,
+                   "min_tokens": min_tokens, "seed": seed, "logprobs": 0, "return_tokens_as_token_ids": True}
+                  for ids, seed in zip(prompt_ids, seeds, strict=True)]
+        groups = []
+        for response in self.map("/v1/completions", bodies):
+            group = []
+            for choice in sorted(response["choices"], key=lambda c: c["index"]):
+                lp = choice["logprobs"]
+                ids = [int(token.removeprefix("token_id:")) for token in lp["tokens"]]
+                group.append(Sample(ids, [float(v) for v in lp["token_logprobs"]], choice["finish_reason"],
+                                    choice["text"]))
+            groups.append(group)
+        return groups
+
+    def token_logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
+        """The served policy's logprob of each completion token given its prompt, at temperature 1."""
+        seqs = [p + c for p, c in zip(prompt_ids, completion_ids, strict=True)]
+        starts = range(0, len(seqs), SCORE_BATCH)
+        bodies = [{"prompt": seqs[i:i + SCORE_BATCH], "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0}
+                  for i in starts]
+        result = []
+        for start, response in zip(starts, self.map("/v1/completions", bodies), strict=True):
+            for choice in sorted(response["choices"], key=lambda c: c["index"]):
+                comp = completion_ids[start + choice["index"]]
+                tail = choice["prompt_logprobs"][len(choice["prompt_logprobs"]) - len(comp):]
+                result.append([float(step[str(tok)]["logprob"]) for step, tok in zip(tail, comp, strict=True)])
+        return result
+
+
+@contextmanager
+def connected(urls: list[str], expect: str, settings: ServersConfig, role: str):
+    """A Pool whose endpoints were checked to serve `expect`; prints what each endpoint answered at the end."""
+    pool = Pool(urls, expect, settings, role)
+    pool.up = pool.alive()
+    yield pool
+    print(f"servers.{role}: {pool.model}: requests per endpoint {pool.answered}, {pool.failovers} failed over",
+          flush=True)
+

