@@ -11,7 +11,7 @@ EXTRA ?= cpu
 # Checkpoints the sampler of a `make iterate` iteration lags the trainer (docs/objective.md, Staleness).
 LAG ?= 0
 
-.PHONY: setup system browser demo repro iterate report status rent-h200 rent-plan reap bench lint test test-fast clean
+.PHONY: setup setup-quantize system browser demo repro iterate report status rent-h200 rent-plan reap bench lint test test-fast clean
 
 $(VENV)/.installed-$(EXTRA): pyproject.toml
 	python3 -m venv $(VENV)
@@ -23,6 +23,16 @@ $(VENV)/.installed-$(EXTRA): pyproject.toml
 	touch $@
 
 setup: $(VENV)/.installed-$(EXTRA)
+
+# llm-compressor for `sync.quantize` (burstrl/quantize.py), apart from vLLM, whose pins exclude its own.
+QVENV := .venv-quantize
+$(QVENV)/.installed: pyproject.toml
+	python3 -m venv $(QVENV)
+	$(QVENV)/bin/pip install -q --upgrade pip
+	$(QVENV)/bin/pip install -q -e ".[quantize]"
+	touch $@
+
+setup-quantize: $(QVENV)/.installed
 
 # rsync and an SSH server (sync stage, its tests); installed when root and missing.
 system:
@@ -72,10 +82,10 @@ bench: setup system
 lint: setup
 	ruff check .
 
-test: setup system browser lint
+test: setup setup-quantize system browser lint
 	pytest -q
 
-test-fast: setup browser lint
+test-fast: setup setup-quantize browser lint
 	pytest -q -m "not slow"
 
 clean:

@@ -17,7 +17,7 @@ IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 STRATEGIES = ("ddp", "fsdp", "deepspeed_zero2", "deepspeed_zero3")
 PROVIDERS = ("runpod", "static")
-QUANTIZATIONS = ("none", "gptq", "awq")
+QUANTIZATIONS = ("none", "gptq")
 
 
 class ConfigError(ValueError):
@@ -193,7 +193,7 @@ class SyncConfig:
     ssh_command: str = "ssh -o BatchMode=yes"
     """The remote shell rsync uses; keys come from the SSH agent or ~/.ssh, never from params."""
     quantize: str = "none"
-    """Ship W4A16 weights instead of the checkpoint: "gptq" or "awq" (llm-compressor), or "none"."""
+    """Ship GPTQ W4A16 weights (llm-compressor, burstrl.quantize) instead of the checkpoint: "gptq", or "none"."""
     quantize_python: str = ".venv-quantize/bin/python"
     """Interpreter of the environment with llm-compressor (`make setup-quantize`), kept apart from vLLM's pins."""
     calibration_prompts: int = 64
@@ -367,8 +367,15 @@ def load_config(path: Path | str = "params.yaml") -> Config:
         for url in getattr(cfg.servers, role):
             if not url.startswith(("http://", "https://")):
                 raise ConfigError(f"{path}: servers.{role}: '{url}' is not a base URL (http://host:port)")
+    if cfg.score.judge.model and not cfg.servers.reward:
+        raise ConfigError(f"{path}: score.judge.model is set, but servers.reward lists no endpoint serving it")
+    if "burstrl.rewards.judge" in cfg.score.reward_funcs and not cfg.score.judge.model:
+        raise ConfigError(f"{path}: score.reward_funcs has burstrl.rewards.judge, but score.judge.model is empty")
     if cfg.servers.concurrency < 1:
         raise ConfigError(f"{path}: servers.concurrency must be >= 1")
+    if cfg.sync.quantize != "none" and cfg.inference.dtype not in ("float16", "bfloat16"):
+        raise ConfigError(f"{path}: sync.quantize {cfg.sync.quantize} makes W4A16 weights, which run with 16-bit "
+                          f"activations: set inference.dtype to float16 or bfloat16, not {cfg.inference.dtype}")
     if len(cfg.score.reward_funcs) != len(cfg.score.reward_weights):
         raise ConfigError(f"{path}: score.reward_funcs and score.reward_weights must have the same length")
     return cfg

@@ -33,6 +33,14 @@ def digit_match(prompts, completions, completion_ids, answer, **kwargs) -> list[
     return scores
 
 
+def judge(prompts, completions, completion_ids, judge=None, **columns) -> list[float]:
+    """A model served with vLLM as the verifier (burstrl.judge): P(right) / (P(right) + P(wrong)) of its
+    continuation after score.judge.template. Needs score.judge.model and servers.reward."""
+    if judge is None:
+        raise ConfigError("score.reward_funcs: burstrl.rewards.judge needs score.judge.model and servers.reward")
+    return judge([_text(p) for p in prompts], [_text(c) for c in completions], columns)
+
+
 def resolve(name: str):
     """Import `package.module.function`; a bad name raises a ValueError that says which and why."""
     module_name, _, attr = name.rpartition(".")
@@ -48,11 +56,12 @@ def resolve(name: str):
 
 
 def score_table(names: list[str], weights: list[float], source, table, task_columns: list[str],
-                conversational: bool = False):
+                conversational: bool = False, extra: dict | None = None):
     """Run every reward function over a rollout table; returns (per-function values, weighted totals).
 
     Functions get `prompts`, `completions`, `completion_ids` and each task column by name, as TRL passes
     dataset columns; with `conversational`, prompts and completions are one-message chats as in TRL.
+    `extra` keyword arguments go to every function too: the served judge (burstrl.judge) as `judge`.
     A function that raises or returns the wrong number of values is named in the error.
     """
     funcs = [resolve(name) for name in names]
@@ -65,7 +74,8 @@ def score_table(names: list[str], weights: list[float], source, table, task_colu
     per_function = []
     for name, fn in zip(names, funcs, strict=True):
         try:
-            values = list(fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **kwargs))
+            values = list(fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **kwargs,
+                             **(extra or {})))
         except (TypeError, KeyError, AttributeError) as err:
             raise ContractError(f"{source}: reward function {name} failed on the columns {sorted(kwargs)}: "
                                 f"{err}") from err

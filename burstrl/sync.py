@@ -1,7 +1,8 @@
 """Ship a checkpoint to an inference host with rsync and publish it atomically.
 
 Layout at each target: `<base>/<version>-<hash12>/` holds the model (hash12: the first 12 hex digits of
-its content hash) and `<base>/current` is a symlink to the newest version synced. A transfer lands in
+its content hash; `<version>-<hash12>@<variant>/` when sync ships quantized weights of it) and
+`<base>/current` is a symlink to the newest version synced. A transfer lands in
 `<base>/.incoming/`, is verified file by file against the sha256 sums of the source, then renamed into
 place, and only then is `current` swapped (a symlink rename, atomic on POSIX). A reader that follows
 `current` therefore always sees a complete model, and re-syncing an older iteration never moves `current`
@@ -65,8 +66,10 @@ def remote_hashes(target: Target, directory: str, ssh: str) -> dict[str, str]:
     return hashes
 
 
-def sync_checkpoint(src: Path, version: str, content_hash: str, spec: str, ssh_configured: str) -> dict:
-    """Transfer, verify and publish `src` at one target; returns the target's receipt entry."""
+def sync_checkpoint(src: Path, version: str, content_hash: str, spec: str, ssh_configured: str,
+                    variant: str | None = None) -> dict:
+    """Transfer, verify and publish `src` at one target; returns the target's receipt entry. `variant` names
+    derived weights of the checkpoint (quantized), which land as `<version>-<hash12>@<variant>`."""
     target = Target.parse(spec)
     ssh = ssh_command(ssh_configured)
     base = target.base.rstrip("/")
@@ -74,7 +77,7 @@ def sync_checkpoint(src: Path, version: str, content_hash: str, spec: str, ssh_c
         raise SyncError(f"sync target '{spec}': give an absolute path, or one relative to the (remote) home "
                         "without '~'")
     q = shlex.quote
-    name = f"{version}-{content_hash[:12]}"
+    name = f"{version}-{content_hash[:12]}" + (f"@{variant}" if variant else "")
     incoming, final = f"{base}/.incoming/{name}", f"{base}/{name}"
     start = time.monotonic()
     _shell(target, f"mkdir -p {q(incoming)}", ssh)

@@ -18,6 +18,7 @@ import pyarrow as pa
 from burstrl import engine, faults, servers
 from burstrl.advantages import group_advantages, zero_variance_groups
 from burstrl.contract import ROLLOUT_FIELDS, SCORED_FIELDS, check_tokens, read_rollouts, write_table
+from burstrl.judge import Judge
 from burstrl.policy import file_sha256, policy_name, read_metadata
 from burstrl.resume import Shards, WorkDir
 from burstrl.rewards import score_table
@@ -34,8 +35,14 @@ if __name__ == "__main__":
         rollouts = read_rollouts(source)
         contract = {f.name for f in ROLLOUT_FIELDS}
         task_columns = [c for c in rollouts.column_names if c not in contract]
-        per_function, rewards = score_table(s.reward_funcs, s.reward_weights, source, rollouts, task_columns,
-                                            conversational=s.completion_format == "conversational")
+        with ExitStack() as stack:
+            extra, judge_pool = {}, None
+            if s.judge.model:
+                judge_pool = stack.enter_context(servers.connected(cfg.servers.reward, s.judge.model, cfg.servers,
+                                                                   "reward"))
+                extra["judge"] = Judge(judge_pool, s.judge)
+            per_function, rewards = score_table(s.reward_funcs, s.reward_weights, source, rollouts, task_columns,
+                                                conversational=s.completion_format == "conversational", extra=extra)
         groups = rollouts["prompt_id"].to_pylist()
         advantages = group_advantages(rewards, groups, baseline=s.advantage_baseline, scale=s.scale_rewards)
 
@@ -86,7 +93,8 @@ if __name__ == "__main__":
         metrics.update({"reward_mean": sum(rewards) / len(rewards), "rollouts": len(rewards),
                         "groups": len(set(groups)), "groups_zero_variance": len(zero_variance_groups(rewards, groups)),
                         "reference_logprobs": bool(cfg.train.beta), "shards_resumed": shards_resumed,
-                        **({"servers": reference_pool.stats()} if reference_pool else {})})
+                        **({"servers": reference_pool.stats()} if reference_pool else {}),
+                        **({"judge_servers": judge_pool.stats()} if judge_pool else {})})
     write_json(Path(f"metrics/score/{args.iteration}.json"), metrics)
     if work is not None:
         work.finish()

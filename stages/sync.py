@@ -1,8 +1,17 @@
-"""sync ITER: rsync checkpoints/ITER to every inference target, verify, publish atomically, write a receipt."""
+"""sync ITER: rsync checkpoints/ITER to every inference target, verify, publish atomically, write a receipt.
+
+With sync.quantize set, the targets get GPTQ W4A16 weights of the checkpoint instead (burstrl.quantize), in
+inference.dtype, calibrated on the first sync.calibration_prompts task prompts with their answers; a server of
+them names the variant, so the rollouts it samples record it in `sampler_weights`.
+"""
 
 from pathlib import Path
 
+from transformers import AutoTokenizer
+
+from burstrl.contract import read_task
 from burstrl.policy import read_metadata
+from burstrl.quantize import quantized_copy
 from burstrl.stage import parse, stage, write_json
 from burstrl.sync import sync_checkpoint
 
@@ -12,12 +21,23 @@ if __name__ == "__main__":
     with stage("sync", metrics):
         src = Path("checkpoints") / args.iteration
         meta = read_metadata(src)
-        targets = [sync_checkpoint(src, args.iteration, meta["content_hash"], spec, cfg.sync.ssh_command)
+        variant = None
+        if cfg.sync.quantize != "none":
+            tokenizer = AutoTokenizer.from_pretrained(src)
+            rows = read_task(Path("data/task/train.parquet")).slice(0, cfg.sync.calibration_prompts).to_pylist()
+            calibration = [tokenizer(r["prompt"] + r["answer"])["input_ids"][:cfg.model.max_len] for r in rows]
+            out = Path("build/quantized") / args.iteration
+            variant = quantized_copy(src, meta, out, method=cfg.sync.quantize, python=cfg.sync.quantize_python,
+                                     dtype=cfg.inference.dtype, calibration=calibration, max_len=cfg.model.max_len)
+            src = out
+        targets = [sync_checkpoint(src, args.iteration, meta["content_hash"], spec, cfg.sync.ssh_command, variant)
                    for spec in cfg.sync.targets]
     write_json(Path(f"data/sync/{args.iteration}.json"), {
         "policy_version": meta["policy_version"],
         "content_hash": meta["content_hash"],
+        "weights": variant or "checkpoint",
         "targets": targets,
         "seconds": metrics["seconds"],
     })
-    print(f"sync {args.iteration}: published to {', '.join(t['path'] for t in targets)} in {metrics['seconds']}s")
+    print(f"sync {args.iteration}: published {variant or 'the checkpoint'} to {', '.join(t['path'] for t in targets)} "
+          f"in {metrics['seconds']}s")

@@ -137,6 +137,10 @@ if __name__ == "__main__":
         metrics.update(trainer.start_metrics)
         metrics.update(selection.counts)
         metrics["staleness"] = selection.staleness
+        # Which weights sampled the batch (a quantized server names its variant): the IS weights correct for it,
+        # and sampler_kl measures how far it was from the policy.
+        variants = table["sampler_weights"].to_pylist()
+        metrics["sampler_weights"] = {v: variants.count(v) for v in sorted(set(variants))}
         metrics["optimizer_steps"] = steps
         metrics["resumed_from_step"] = start_step
         # Collectives first, on every rank: the row report's shares, then the weights (sharded under FSDP).

@@ -35,6 +35,11 @@ def test_params_yaml_loads_into_typed_config():
     ({"generate": {"min_tokens": 6}}, "need 0 <= generate.min_tokens <= generate.max_tokens"),
     ({"rent": {"provider": "aws"}}, "rent.provider is 'aws', expected one of runpod, static"),
     ({"rent": {"reserve_minutes": 600.0}}, "rent.reserve_minutes must be shorter than rent.max_hours"),
+    ({"sync": {"quantize": "gptq"}}, "set inference.dtype to float16 or bfloat16, not float32"),
+    ({"sync": {"quantize": "awq"}}, "sync.quantize is 'awq', expected one of none, gptq"),
+    ({"servers": {"policy": ["mi50-a:8000"]}}, "servers.policy: 'mi50-a:8000' is not a base URL"),
+    ({"score": {"judge": {"model": "verifier"}}}, "servers.reward lists no endpoint serving it"),
+    ({"score": {"reward_funcs": ["burstrl.rewards.judge"], "reward_weights": [1.0]}}, "score.judge.model is empty"),
 ])
 def test_bad_params_are_named(tmp_path, change, message):
     params = yaml.safe_load((REPO / "params.yaml").read_text())

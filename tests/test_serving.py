@@ -3,6 +3,7 @@ and logprobs as the offline engine, an endpoint killed mid-run, a server that re
 refuses a server of another policy version."""
 
 import json
+import math
 import signal
 import socket
 import subprocess
@@ -14,8 +15,9 @@ import psutil
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import copy_of, run
+from conftest import completion_logprobs, copy_of, run
 from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from burstrl.policy import policy_name, publish_policy, read_metadata, staging_dir
 from burstrl.sync import sync_checkpoint
@@ -91,10 +93,39 @@ def two_servers(scored, tmp_path_factory):
                 kill_tree(proc)
 
 
-def test_two_endpoints_give_the_offline_engines_ids_and_logprobs_and_survive_a_kill(two_servers):
+def test_a_served_judge_is_a_reward_function_beside_the_rule_based_ones(two_servers):
+    """Checkpoint 000 stands in for a verifier: the reward is its P("1") / (P("1") + P("2")) after the prompt
+    and completion, which a plain forward pass computes here."""
     root, env, servers = two_servers
-    offline_rollouts = pq.read_table(root / "data/rollouts/001.parquet").to_pylist()
-    offline_scored = pq.read_table(root / "data/scored/001.parquet").to_pylist()
+    urls = [url for _, url in servers]
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    name = policy_name(read_metadata(root / "checkpoints" / "000"))
+    params["score"].update(reward_funcs=["burstrl.rewards.exact_match", "burstrl.rewards.judge"],
+                           judge={"model": name, "template": "{prompt}{completion}={answer}", "right": "1",
+                                  "wrong": "2"})
+    params["servers"]["reward"] = urls
+    params["train"]["beta"] = 0.0  # no reference pass: this test is about the reward
+    path = root / "params-judge.yaml"
+    path.write_text(yaml.safe_dump(params))
+    run([sys.executable, "stages/score.py", "001", "--params", str(path)], root, env)
+
+    rows = pq.read_table(root / "data/scored/001.parquet").to_pylist()
+    model = AutoModelForCausalLM.from_pretrained(root / "checkpoints" / "000")
+    tokenizer = AutoTokenizer.from_pretrained(root / "checkpoints" / "000")
+    for row in rows:
+        ids = tokenizer(f"{row['prompt']}{row['completion']}={row['answer']}")["input_ids"]
+        right, wrong = (math.exp(sum(completion_logprobs(model, ids, tokenizer(t, add_special_tokens=False)
+                                                         ["input_ids"]))) for t in ("1", "2"))
+        assert row["rewards"][1] == pytest.approx(right / (right + wrong), abs=1e-4)
+        assert row["rewards"][0] == float(row["completion"].strip() == row["answer"])
+    metrics = json.loads((root / "metrics/score/001.json").read_text())
+    assert sum(metrics["judge_servers"]["requests"].values()) == len(rows) + 2 + 2  # tokenize; 64 sequences
+
+
+def test_two_endpoints_give_the_offline_engines_ids_and_logprobs_and_survive_a_kill(scored, two_servers):
+    root, env, servers = two_servers
+    offline_rollouts = pq.read_table(scored[0] / "data/rollouts/001.parquet").to_pylist()
+    offline_scored = pq.read_table(scored[0] / "data/scored/001.parquet").to_pylist()
     urls = [url for _, url in servers]
     params = served_params(root, policy=urls, reference=urls)
 

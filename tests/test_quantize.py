@@ -1,0 +1,53 @@
+"""sync.quantize: the sync stage ships GPTQ W4A16 weights of the checkpoint (llm-compressor, in its own environment),
+vLLM serves them, and the rollouts they sample say so."""
+
+import json
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from conftest import REPO, copy_of, run
+from test_serving import served_params, start_server, stop, wait_for
+
+from burstrl.policy import policy_name, read_metadata
+
+pytestmark = pytest.mark.slow
+
+
+def test_sync_quantizes_and_the_server_samples_from_the_quantized_weights(scored, tmp_path):
+    root = tmp_path / "ws"
+    env = copy_of(scored, root)
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["inference"]["dtype"] = "float16"
+    params["sync"].update(quantize="gptq", quantize_python=str(REPO / ".venv-quantize" / "bin" / "python"),
+                          calibration_prompts=16)
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    meta = read_metadata(root / "checkpoints" / "000")
+
+    run([sys.executable, "stages/sync.py", "000"], root, env)
+    receipt = json.loads((root / "data/sync/000.json").read_text())
+    name = f"{policy_name(meta)}@w4a16-gptq"
+    assert receipt["weights"] == "w4a16-gptq"
+    assert (root / "build/inference/current").readlink().name == name
+    shipped = root / "build/inference" / name
+    quant = json.loads((shipped / "config.json").read_text())["quantization_config"]
+    weights = quant["config_groups"]["group_0"]["weights"]
+    assert (quant["quant_method"], weights["num_bits"], weights["group_size"], quant["ignore"]) == (
+        "compressed-tensors", 4, 128, ["lm_head"])
+    assert json.loads((shipped / "burstrl.json").read_text()) == {
+        "derived_from": {"policy_version": "000", "content_hash": meta["content_hash"]}, "variant": "w4a16-gptq"}
+
+    proc, url = start_server(root, env, "--watch", "build/inference")
+    try:
+        wait_for(url, name, proc)
+        run([sys.executable, "stages/generate.py", "001", "000", "--params", str(served_params(root, policy=[url]))],
+            root, env)
+    finally:
+        stop(proc)
+    rows = pq.read_table(root / "data/rollouts/001.parquet").to_pylist()
+    assert {(r["policy_version"], r["policy_hash"], r["sampler_weights"]) for r in rows} == {
+        ("000", meta["content_hash"], "w4a16-gptq")}
+    assert all(len(r["completion_ids"]) == len(r["sampler_logprobs"]) > 0 for r in rows)
+    assert all(lp <= 0 for r in rows for lp in r["sampler_logprobs"])
+
