@@ -85,7 +85,7 @@ lint: setup
 test: setup setup-quantize system browser lint
 	pytest -q
 
-test-fast: setup setup-quantize browser lint
+test-fast: setup browser lint
 	pytest -q -m "not slow"
 
 clean:

@@ -367,12 +367,15 @@ def load_config(path: Path | str = "params.yaml") -> Config:
         for url in getattr(cfg.servers, role):
             if not url.startswith(("http://", "https://")):
                 raise ConfigError(f"{path}: servers.{role}: '{url}' is not a base URL (http://host:port)")
-    if cfg.score.judge.model and not cfg.servers.reward:
-        raise ConfigError(f"{path}: score.judge.model is set, but servers.reward lists no endpoint serving it")
-    if "burstrl.rewards.judge" in cfg.score.reward_funcs and not cfg.score.judge.model:
-        raise ConfigError(f"{path}: score.reward_funcs has burstrl.rewards.judge, but score.judge.model is empty")
+    if "burstrl.rewards.judge" in cfg.score.reward_funcs and not (cfg.score.judge.model and cfg.servers.reward):
+        raise ConfigError(f"{path}: score.reward_funcs has burstrl.rewards.judge: it needs score.judge.model and "
+                          "servers.reward (the judge's served name and endpoints)")
     if cfg.servers.concurrency < 1:
         raise ConfigError(f"{path}: servers.concurrency must be >= 1")
+    if min(cfg.servers.request_timeout_seconds, cfg.servers.wait_seconds) <= 0:
+        raise ConfigError(f"{path}: servers.request_timeout_seconds and servers.wait_seconds must be > 0")
+    if cfg.sync.calibration_prompts < 1:
+        raise ConfigError(f"{path}: sync.calibration_prompts must be >= 1")
     if cfg.sync.quantize != "none" and cfg.inference.dtype not in ("float16", "bfloat16"):
         raise ConfigError(f"{path}: sync.quantize {cfg.sync.quantize} makes W4A16 weights, which run with 16-bit "
                           f"activations: set inference.dtype to float16 or bfloat16, not {cfg.inference.dtype}")

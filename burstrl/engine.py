@@ -58,7 +58,6 @@ def running(policy_dir: Path, inf: InferenceConfig, max_len: int, seed: int):
 
 class Offline:
     """A running engine behind the calls of burstrl.servers.Pool, so a stage samples the same way from either."""
-    variant = "checkpoint"
 
     def __init__(self, llm):
         self.llm = llm
@@ -68,9 +67,6 @@ class Offline:
 
     def token_logprobs(self, prompt_ids, completion_ids) -> list[list[float]]:
         return token_logprobs(self.llm, prompt_ids, completion_ids)
-
-    def stats(self) -> dict:
-        return {}
 
 
 @contextmanager

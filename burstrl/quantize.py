@@ -23,15 +23,17 @@ import subprocess
 from pathlib import Path
 
 from burstrl.contract import ContractError
-from burstrl.policy import check_policy_dir, mark_derived
+from burstrl.policy import VOCABULARY_FILES, check_policy_dir, content_hash, mark_derived
 
-METHODS = {"gptq": "w4a16-gptq"}  # sync.quantize -> the variant name rollouts record in sampler_weights
+METHODS = {"gptq": "w4a16-gptq"}  # sync.quantize -> the variant rollouts record (with a hash) in sampler_weights
 
 
 def quantized_copy(src: Path, meta: dict, out: Path, *, method: str, python: str, dtype: str,
                    calibration: list[list[int]], max_len: int) -> str:
     """Quantize checkpoint `src` (metadata `meta`) into `out` in llm-compressor's environment, label it as
-    derived from `meta` (burstrl.policy.mark_derived) and return its variant name."""
+    derived from `meta` (burstrl.policy.mark_derived) and return its variant name, `w4a16-gptq-<hash8>`: the
+    hash of the quantized files, because dtype, calibration and the library's version change them, and a
+    target keeps a directory whose name it already has."""
     if not Path(python).is_file():
         raise ContractError(f"{python}: no such interpreter (sync.quantize_python): `make setup-quantize` creates it")
     if out.exists():
@@ -39,14 +41,21 @@ def quantized_copy(src: Path, meta: dict, out: Path, *, method: str, python: str
     out.parent.mkdir(parents=True, exist_ok=True)
     ids = out.with_name(f".{out.name}.calibration.json")
     ids.write_text(json.dumps(calibration))
-    done = subprocess.run([python, "-m", "burstrl.quantize", str(src), str(out), "--dtype", dtype,
-                           "--calibration", str(ids), "--max-len", str(max_len)])
-    ids.unlink()
+    try:
+        done = subprocess.run([python, "-m", "burstrl.quantize", str(src), str(out), "--dtype", dtype,
+                               "--calibration", str(ids), "--max-len", str(max_len)])
+    finally:
+        ids.unlink()
     if done.returncode != 0:
         raise ContractError(f"{src}: quantizing with {python} -m burstrl.quantize failed ({done.returncode}); "
                             "its output is above")
+    # The tokenizer as the checkpoint has it, byte for byte, not as this other transformers version re-saves it:
+    # completion text and the tokenizer hash must not depend on which environment quantized.
+    for name in VOCABULARY_FILES + ("tokenizer_config.json", "special_tokens_map.json"):
+        if (src / name).is_file():
+            shutil.copyfile(src / name, out / name)
     check_policy_dir(out)
-    variant = METHODS[method]
+    variant = f"{METHODS[method]}-{content_hash(out)[:8]}"
     mark_derived(out, meta, variant)
     return variant
 

@@ -9,6 +9,8 @@ as the offline engine does. It names the model it serves `<version>-<hash12>[@<v
 (burstrl.policy.served_name): `GET /v1/models` reports which policy version it serves, and every request of
 a stage names the version it expects, so no request is answered by other weights. vLLM answers no request
 before its weights are loaded; while one server stops and the next loads, stages wait (servers.wait_seconds).
+A synced model that fails to load leaves the previous one serving; a server that dies is started again.
+--name serves a --model directory without burstrl.json (a judge from the Hub) under that name.
 """
 
 import argparse
@@ -60,32 +62,42 @@ def served(url: str) -> list[str]:
 class Server:
     """One vLLM server process (in its own process group, so stopping it stops its engine workers too)."""
 
+    started: set["Server"] = set()  # not yet stopped: what a SIGTERM must stop, a server still loading included
+
     def __init__(self, model_dir: Path, args):
-        self.name = served_name(model_dir)
+        self.name = args.name or served_name(model_dir)
         self.url = f"http://{args.host}:{args.port}"
         argv = server_argv(model_dir, self.name, args.host, args.port, Path(args.params))
         print(f"serve: starting {self.name} from {model_dir} on {self.url}", flush=True)
         self.proc = subprocess.Popen(argv, start_new_session=True)
+        Server.started.add(self)
 
-    def wait_ready(self, timeout: float) -> None:
+    def ready(self, timeout: float) -> bool:
+        """Wait until the server lists its model; False (and the server stopped) if it exits or takes too long."""
         deadline = time.monotonic() + timeout
         while self.name not in served(self.url):
-            if self.proc.poll() is not None:
-                raise SystemExit(f"serve: the vLLM server of {self.name} exited ({self.proc.returncode})")
-            if time.monotonic() > deadline:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                print(f"serve: the vLLM server of {self.name} did not come up "
+                      f"({'exit ' + str(self.proc.returncode) if self.proc.poll() is not None else 'timed out'})",
+                      flush=True)
                 self.stop()
-                raise SystemExit(f"serve: the vLLM server of {self.name} was not ready after {timeout:.0f}s")
+                return False
             time.sleep(0.5)
         print(f"serve: serving {self.name} on {self.url}", flush=True)
+        return True
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
+        """SIGTERM to the whole group, SIGKILL to what is left: engine workers may outlive the API process."""
+        Server.started.discard(self)
+        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
             try:
-                self.proc.wait(timeout=30)
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.proc.wait(timeout=wait)
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+                continue
 
 
 def main() -> None:
@@ -93,36 +105,53 @@ def main() -> None:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--watch", help="a sync target directory: serve DIR/current, reload when it moves")
     where.add_argument("--model", help="serve this model directory")
+    parser.add_argument("--name", help="with --model: the name to serve it under (default: from its burstrl.json)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--params", default="params.yaml", help="engine settings (default: params.yaml)")
     parser.add_argument("--poll-seconds", type=float, default=2.0, help="how often --watch looks for a new sync")
     parser.add_argument("--ready-timeout", type=float, default=900.0, help="longest a server may take to load")
     args = parser.parse_args()
+    if args.name and args.watch:
+        parser.error("--name goes with --model: a watched target's models are named by their burstrl.json")
 
     server: Server | None = None
 
     def shutdown(signum, frame):
-        if server is not None:
-            server.stop()
+        for running in list(Server.started):
+            running.stop()
         sys.exit(0)
 
     signal.signal(signal.SIGTERM, shutdown)
     signal.signal(signal.SIGINT, shutdown)
-    serving: Path | None = None
+
+    def start(target: Path) -> Server | None:
+        candidate = Server(target, args)
+        return candidate if candidate.ready(args.ready_timeout) else None
+
+    serving: Path | None = None  # what the running server serves
+    refused: Path | None = None  # a synced directory that failed to load: not tried again until current moves
     if resolve(args) is None:
         print(f"serve: waiting for a first sync into {args.watch}", flush=True)
     while True:
         target = resolve(args)
-        if target is not None and target != serving:
+        if target is not None and target not in (serving, refused):
             if server is not None:
                 print(f"serve: {args.watch}/current moved to {target.name}: restarting", flush=True)
                 server.stop()
-            server = Server(target, args)
-            server.wait_ready(args.ready_timeout)
-            serving = target
-        if server is not None and server.proc.poll() is not None:
-            raise SystemExit(f"serve: the vLLM server of {server.name} exited ({server.proc.returncode})")
+            server = start(target)
+            if server is not None:
+                serving, refused = target, None
+            else:
+                refused = target
+                if serving is not None:
+                    print(f"serve: {target.name} failed to load; back to {serving.name}", flush=True)
+                    server = start(serving)
+        elif server is not None and server.proc.poll() is not None:
+            print(f"serve: the vLLM server of {server.name} exited ({server.proc.returncode}): restarting", flush=True)
+            server = start(serving)
+        if server is None and (args.model or serving is not None):
+            raise SystemExit("serve: no server could be started; see the vLLM output above")
         time.sleep(args.poll_seconds)
 
 

@@ -12,6 +12,7 @@ stage with a ServerError rather than answering for the wrong weights.
 Per-request seeds make a retried request come back identical, whichever endpoint answers it.
 """
 
+import http.client
 import json
 import queue
 import threading
@@ -24,6 +25,7 @@ from burstrl.config import ServersConfig
 from burstrl.engine import Sample
 
 SCORE_BATCH = 32  # sequences per prompt_logprobs request: one HTTP round trip each, no per-row seeds needed
+PROBE_SECONDS = 10.0  # `/v1/models` answers at once from a live server; a silent host must not hold a stage long
 
 
 class ServerError(RuntimeError):
@@ -34,12 +36,22 @@ class _Down(Exception):
     """An endpoint failed in a way another endpoint may not (transport error, timeout, 5xx)."""
 
 
+class _Behind(Exception):
+    """An endpoint serves an older version of the policy: sync has not reached it yet, or it is reloading."""
+
+
+def _older(served: str, expect: str) -> bool:
+    """Whether served name `served` is an earlier policy version than `expect` (both `<version>-<hash12>...`)."""
+    version, want = served.partition("-")[0], expect.partition("-")[0]
+    return version.isdigit() and want.isdigit() and int(version) < int(want)
+
+
 class Pool:
-    def __init__(self, urls: list[str], expect: str, settings: ServersConfig, role: str):
-        """`expect`: the served name (burstrl.policy.policy_name) a correct endpoint lists, alone or as
-        `expect@variant`; `role` names the params key (servers.<role>) in errors."""
+    def __init__(self, urls: list[str], expect: str, settings: ServersConfig, role: str, derived: bool = True):
+        """`expect`: the served name (burstrl.policy.policy_name) a correct endpoint lists, or with `derived`
+        also `expect@variant` (quantized weights of it); `role` names the params key (servers.<role>) in errors."""
         self.urls = [u.rstrip("/") for u in urls]
-        self.expect, self.settings, self.role = expect, settings, role
+        self.expect, self.settings, self.role, self.derived = expect, settings, role, derived
         self.model = ""
         self.answered = {u: 0 for u in self.urls}
         self.failovers = 0
@@ -58,8 +70,9 @@ class Pool:
     def _request(self, url: str, path: str, body: dict | None = None) -> dict:
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"})
+        timeout = self.settings.request_timeout_seconds if body is not None else PROBE_SECONDS
         try:
-            with urllib.request.urlopen(req, timeout=self.settings.request_timeout_seconds) as resp:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
                 return json.load(resp)
         except urllib.error.HTTPError as err:
             detail = err.read().decode(errors="replace")[:500]
@@ -69,29 +82,33 @@ class Pool:
                 raise ServerError(f"{url} no longer serves {self.model} (servers.{self.role}): it was reloaded "
                                   f"with other weights mid-run: {detail}") from err
             raise ServerError(f"{url}{path}: HTTP {err.code}: {detail}") from err
-        except (OSError, ValueError) as err:
-            raise _Down(str(err)) from err
+        except (OSError, ValueError, http.client.HTTPException) as err:  # refused, reset, cut off mid-answer
+            raise _Down(f"{type(err).__name__}: {err}") from err
 
     def _served(self, url: str) -> str:
         ids = [m["id"] for m in self._request(url, "/v1/models")["data"]]
-        match = [i for i in ids if i == self.expect or i.startswith(self.expect + "@")]
-        if not match:
-            raise ServerError(f"{url} (servers.{self.role}) serves {', '.join(ids) or 'nothing'}, but this stage "
-                              f"expects {self.expect}: sync that checkpoint and let `python -m burstrl.serve` "
-                              "reload, or point servers." + self.role + " at a server of it")
-        return match[0]
+        match = [i for i in ids if i == self.expect or (self.derived and i.startswith(self.expect + "@"))]
+        if match:
+            return match[0]
+        message = (f"{url} (servers.{self.role}) serves {', '.join(ids) or 'nothing'}, but this stage expects "
+                   f"{self.expect}: sync that checkpoint and let `python -m burstrl.serve` reload, or point "
+                   f"servers.{self.role} at a server of it")
+        if any(_older(i, self.expect) for i in ids):
+            raise _Behind(message)
+        raise ServerError(message)
 
     def alive(self) -> list[str]:
-        """The endpoints that answer now, each checked to serve the expected model; waits up to
-        servers.wait_seconds for one (a server reloading after sync), then raises a ServerError."""
+        """The endpoints that answer now, each checked to serve the expected model. Waits up to
+        servers.wait_seconds for one: a server still loading, or still serving an older version of the
+        policy while it reloads after sync. Then, or at once for any other model, raises a ServerError."""
         deadline = time.monotonic() + self.settings.wait_seconds
         while True:
             up, errors = [], {}
             for url in self.urls:
                 try:
                     name = self._served(url)
-                except _Down as err:
-                    errors[url] = str(err)
+                except (_Down, _Behind) as err:
+                    errors[url] = err
                     continue
                 if self.model and name != self.model:
                     raise ServerError(f"{url} serves {name} while the others serve {self.model}: one batch must "
@@ -101,19 +118,33 @@ class Pool:
             if up:
                 return up
             if time.monotonic() > deadline:
+                behind = [str(e) for e in errors.values() if isinstance(e, _Behind)]
+                if behind:
+                    raise ServerError(behind[0] + f" (waited {self.settings.wait_seconds:.0f}s for the reload)")
                 raise ServerError(f"no endpoint of servers.{self.role} answered for {self.settings.wait_seconds:.0f}"
                                   "s: " + "; ".join(f"{u}: {e}" for u, e in errors.items()))
             time.sleep(1.0)
 
     def map(self, path: str, bodies: list[dict]) -> list[dict]:
         """POST every body, each answered once by some endpoint; the responses in the order of `bodies`.
-        An endpoint that failed stays out until none is left; then all are asked again (`alive`)."""
+        An endpoint that failed stays out until none is left; then all are asked again (`alive`). Rounds that
+        answer nothing for servers.wait_seconds (every endpoint failing the same requests) stop the stage."""
         results: list[dict | None] = [None] * len(bodies)
         pending = list(range(len(bodies)))
+        progress = time.monotonic()
         while pending:
             if not self.up:
                 self.up = self.alive()
-            pending = self._round(path, bodies, pending, results)
+            left = self._round(path, bodies, pending, results)
+            if len(left) < len(pending):
+                progress = time.monotonic()
+            elif time.monotonic() - progress > self.settings.wait_seconds:
+                raise ServerError(f"servers.{self.role}: {len(left)} requests failed on every endpoint for "
+                                  f"{self.settings.wait_seconds:.0f}s; the endpoints' errors are above")
+            pending = left
+        missing = [i for i, r in enumerate(results) if r is None]
+        if missing:
+            raise ServerError(f"servers.{self.role}: requests {missing[:5]} got no answer")
         return results
 
     def _round(self, path, bodies, pending, results) -> list[int]:
@@ -123,7 +154,7 @@ class Pool:
         for index in pending:
             work.put(index)
         down: set[str] = set()
-        errors: list[ServerError] = []
+        errors: list[Exception] = []
         lock = threading.Lock()
 
         def worker(url: str) -> None:
@@ -140,10 +171,11 @@ class Pool:
                         self.failovers += 1
                         if url not in down:
                             down.add(url)
-                            self.lost.append(url)
+                            if url not in self.lost:
+                                self.lost.append(url)
                             print(f"servers: {url} failed ({err}); its requests go to the other endpoints", flush=True)
                     return
-                except ServerError as err:
+                except Exception as err:  # a worker's error must reach the stage, not die with its thread
                     errors.append(err)
                     return
                 with lock:
@@ -194,9 +226,9 @@ class Pool:
 
 
 @contextmanager
-def connected(urls: list[str], expect: str, settings: ServersConfig, role: str):
+def connected(urls: list[str], expect: str, settings: ServersConfig, role: str, derived: bool = True):
     """A Pool whose endpoints were checked to serve `expect`; prints what each endpoint answered at the end."""
-    pool = Pool(urls, expect, settings, role)
+    pool = Pool(urls, expect, settings, role, derived)
     pool.up = pool.alive()
     yield pool
     print(f"servers.{role}: {pool.model}: requests per endpoint {pool.answered}, {pool.failovers} failed over",

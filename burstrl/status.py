@@ -16,6 +16,7 @@ from pathlib import Path
 from burstrl import iterations, resume
 
 STAGES = ("generate", "score", "train", "eval", "sync")
+BOOTSTRAP_NAMES = {"prepare": "prepare", "bootstrap": "bootstrap", "sync": "sync-bootstrap"}  # row 000's stages
 
 
 def progress(stage: str, iteration: str, root: Path = Path(".")) -> str | None:
@@ -48,10 +49,10 @@ def table(root: Path = Path(".")) -> list[dict]:
     changed = changed_stages(root)
     rows = []
     for iteration in ["000", *iterations.load(root / iterations.FILE)]:
-        stages = ("prepare", "bootstrap") if iteration == "000" else STAGES
+        stages = ("prepare", "bootstrap", "sync") if iteration == "000" else STAGES
         row = {"iteration": iteration}
         for stage in stages:
-            name = stage if iteration == "000" else f"{stage}@{iteration}"
+            name = BOOTSTRAP_NAMES[stage] if iteration == "000" else f"{stage}@{iteration}"
             partial = progress(stage, iteration, root)
             row[stage] = ("done" if name not in changed else f"partial ({partial})" if partial else "pending")
         rows.append(row)

@@ -37,7 +37,7 @@ if __name__ == "__main__":
         task_columns = [c for c in rollouts.column_names if c not in contract]
         with ExitStack() as stack:
             extra, judge_pool = {}, None
-            if s.judge.model:
+            if "burstrl.rewards.judge" in s.reward_funcs:
                 judge_pool = stack.enter_context(servers.connected(cfg.servers.reward, s.judge.model, cfg.servers,
                                                                    "reward"))
                 extra["judge"] = Judge(judge_pool, s.judge)
@@ -64,8 +64,9 @@ if __name__ == "__main__":
                       "saved by an interrupted run")
             with ExitStack() as stack:
                 if pending and cfg.servers.reference:
+                    # The KL term is against the reference itself: a server of quantized weights of it is refused.
                     reference_pool = stack.enter_context(servers.connected(
-                        cfg.servers.reference, policy_name(reference), cfg.servers, "reference"))
+                        cfg.servers.reference, policy_name(reference), cfg.servers, "reference", derived=False))
                     sampler = reference_pool
                 elif pending:
                     sampler = stack.enter_context(engine.offline(REFERENCE, cfg.inference, cfg.model.max_len,

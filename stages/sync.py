@@ -2,9 +2,10 @@
 
 With sync.quantize set, the targets get GPTQ W4A16 weights of the checkpoint instead (burstrl.quantize), in
 inference.dtype, calibrated on the first sync.calibration_prompts task prompts with their answers; a server of
-them names the variant, so the rollouts it samples record it in `sampler_weights`.
+them names the variant (`w4a16-gptq-<hash8>`), so the rollouts it samples record it in `sampler_weights`.
 """
 
+import shutil
 from pathlib import Path
 
 from transformers import AutoTokenizer
@@ -32,6 +33,8 @@ if __name__ == "__main__":
             src = out
         targets = [sync_checkpoint(src, args.iteration, meta["content_hash"], spec, cfg.sync.ssh_command, variant)
                    for spec in cfg.sync.targets]
+        if variant:
+            shutil.rmtree(src)  # shipped; the checkpoint and params make it again
     write_json(Path(f"data/sync/{args.iteration}.json"), {
         "policy_version": meta["policy_version"],
         "content_hash": meta["content_hash"],

@@ -38,8 +38,9 @@ def test_params_yaml_loads_into_typed_config():
     ({"sync": {"quantize": "gptq"}}, "set inference.dtype to float16 or bfloat16, not float32"),
     ({"sync": {"quantize": "awq"}}, "sync.quantize is 'awq', expected one of none, gptq"),
     ({"servers": {"policy": ["mi50-a:8000"]}}, "servers.policy: 'mi50-a:8000' is not a base URL"),
-    ({"score": {"judge": {"model": "verifier"}}}, "servers.reward lists no endpoint serving it"),
-    ({"score": {"reward_funcs": ["burstrl.rewards.judge"], "reward_weights": [1.0]}}, "score.judge.model is empty"),
+    ({"score": {"reward_funcs": ["burstrl.rewards.judge"], "reward_weights": [1.0], "judge": {"model": "v"}}},
+     "burstrl.rewards.judge: it needs score.judge.model and servers.reward"),
+    ({"servers": {"wait_seconds": 0}}, "servers.wait_seconds must be > 0"),
 ])
 def test_bad_params_are_named(tmp_path, change, message):
     params = yaml.safe_load((REPO / "params.yaml").read_text())

@@ -44,8 +44,8 @@ def ws(tmp_path_factory, ssh_server):
 def test_full_iteration_produces_contract_files_and_changes_weights(ws):
     root, env = ws
     out = run(["dvc", "repro"], root, env).stdout
-    assert ran_stages(out) == sorted(["prepare", "bootstrap", "generate@001", "score@001", "train@001",
-                                      "eval@001", "sync@001", "report"])
+    assert ran_stages(out) == sorted(["prepare", "bootstrap", "sync-bootstrap", "generate@001", "score@001",
+                                      "train@001", "eval@001", "sync@001", "report"])
     rollouts = read_rollouts(root / "data/rollouts/001.parquet")
     assert rollouts.num_rows == 8 * 4
     assert set(rollouts["policy_version"].to_pylist()) == {"000"}

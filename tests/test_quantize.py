@@ -2,6 +2,7 @@
 vLLM serves them, and the rollouts they sample say so."""
 
 import json
+import re
 import sys
 
 import pyarrow.parquet as pq
@@ -10,7 +11,7 @@ import yaml
 from conftest import REPO, copy_of, run
 from test_serving import served_params, start_server, stop, wait_for
 
-from burstrl.policy import policy_name, read_metadata
+from burstrl.policy import content_hash, policy_name, read_metadata
 
 pytestmark = pytest.mark.slow
 
@@ -27,8 +28,9 @@ def test_sync_quantizes_and_the_server_samples_from_the_quantized_weights(scored
 
     run([sys.executable, "stages/sync.py", "000"], root, env)
     receipt = json.loads((root / "data/sync/000.json").read_text())
-    name = f"{policy_name(meta)}@w4a16-gptq"
-    assert receipt["weights"] == "w4a16-gptq"
+    variant = receipt["weights"]
+    name = f"{policy_name(meta)}@{variant}"
+    assert re.fullmatch("w4a16-gptq-[0-9a-f]{8}", variant)
     assert (root / "build/inference/current").readlink().name == name
     shipped = root / "build/inference" / name
     quant = json.loads((shipped / "config.json").read_text())["quantization_config"]
@@ -36,7 +38,10 @@ def test_sync_quantizes_and_the_server_samples_from_the_quantized_weights(scored
     assert (quant["quant_method"], weights["num_bits"], weights["group_size"], quant["ignore"]) == (
         "compressed-tensors", 4, 128, ["lm_head"])
     assert json.loads((shipped / "burstrl.json").read_text()) == {
-        "derived_from": {"policy_version": "000", "content_hash": meta["content_hash"]}, "variant": "w4a16-gptq"}
+        "derived_from": {"policy_version": "000", "content_hash": meta["content_hash"]}, "variant": variant}
+    assert variant.endswith(content_hash(shipped)[:8])
+    for vocabulary in ("tokenizer.json", "tokenizer_config.json"):
+        assert (shipped / vocabulary).read_bytes() == (root / "checkpoints/000" / vocabulary).read_bytes()
 
     proc, url = start_server(root, env, "--watch", "build/inference")
     try:
@@ -47,7 +52,7 @@ def test_sync_quantizes_and_the_server_samples_from_the_quantized_weights(scored
         stop(proc)
     rows = pq.read_table(root / "data/rollouts/001.parquet").to_pylist()
     assert {(r["policy_version"], r["policy_hash"], r["sampler_weights"]) for r in rows} == {
-        ("000", meta["content_hash"], "w4a16-gptq")}
+        ("000", meta["content_hash"], variant)}
     assert all(len(r["completion_ids"]) == len(r["sampler_logprobs"]) > 0 for r in rows)
     assert all(lp <= 0 for r in rows for lp in r["sampler_logprobs"])
 

@@ -171,7 +171,16 @@ def perturbed_copy(root: Path, version: str) -> dict:
     return publish_policy(tmp, root / "checkpoints" / version, version=version, parent=parent, iteration=1)
 
 
-def test_the_policy_server_reloads_after_sync_and_a_stage_refuses_another_version(scored, tmp_path):
+def broken_child(root: Path, parent: dict) -> dict:
+    """checkpoints/002: a complete, correctly hashed checkpoint whose weights file is not safetensors."""
+    tmp = staging_dir(root / "checkpoints" / "002")
+    for path in (root / "checkpoints" / "001").iterdir():
+        if path.name != "burstrl.json":
+            (tmp / path.name).write_bytes(b"not a model" if path.suffix == ".safetensors" else path.read_bytes())
+    return publish_policy(tmp, root / "checkpoints" / "002", version="002", parent=parent, iteration=2)
+
+
+def test_the_server_reloads_after_sync_keeps_a_loadable_model_and_a_stage_refuses_another_version(scored, tmp_path):
     tmp_path = tmp_path / "ws"
     env = copy_of(scored, tmp_path)
     base = tmp_path / "build" / "inference"
@@ -181,7 +190,7 @@ def test_the_policy_server_reloads_after_sync_and_a_stage_refuses_another_versio
     proc, url = start_server(tmp_path, env, "--watch", str(base))
     try:
         wait_for(url, policy_name(reference), proc)
-        params = served_params(tmp_path, policy=[url])
+        params = served_params(tmp_path, policy=[url], wait_seconds=3.0)
         stale = run([sys.executable, "stages/generate.py", "002", "001", "--params", str(params)], tmp_path, env,
                     check=False)
         assert stale.returncode == 1
@@ -195,6 +204,16 @@ def test_the_policy_server_reloads_after_sync_and_a_stage_refuses_another_versio
         rows = pq.read_table(tmp_path / "data/rollouts/002.parquet").to_pylist()
         assert {(r["policy_version"], r["policy_hash"], r["sampler_weights"]) for r in rows} == {
             ("001", child["content_hash"], "checkpoint")}
+
+        # A synced model vLLM cannot load: the supervisor stops 001, fails on 002 and serves 001 again.
+        broken = broken_child(tmp_path, child)
+        sync_checkpoint(tmp_path / "checkpoints" / "002", "002", broken["content_hash"], str(base), "ssh")
+        deadline = time.monotonic() + 120
+        while served_models(url):
+            assert time.monotonic() < deadline, "the supervisor never tried the newly synced model"
+            time.sleep(0.2)
+        wait_for(url, policy_name(child), proc)
+        assert proc.poll() is None
     finally:
         stop(proc)
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])
