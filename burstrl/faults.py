@@ -24,33 +24,25 @@ def _kill() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _pause(name: str) -> None:
-    match = _PAUSE.fullmatch(os.environ.get("BURSTRL_PAUSE_AT", ""))
+def _due(variable: str, pattern: re.Pattern, name: str, counts: dict[str, int]) -> re.Match | None:
+    """The parsed spec in `variable` when this pass of point `name` is the one it names, else None."""
+    match = pattern.fullmatch(os.environ.get(variable, ""))
     if match is None or match["name"] != name:
-        return
-    _paused[name] = _paused.get(name, 0) + 1
-    if _paused[name] != int(match["nth"] or 1):
-        return
-    flag = Path(match["file"])
-    flag.touch()
-    print(f"faults: BURSTRL_PAUSE_AT: paused at {name} until {flag} is deleted", flush=True)
-    while flag.exists():
-        time.sleep(0.1)
+        return None
+    counts[name] = counts.get(name, 0) + 1
+    return match if counts[name] == int(match["nth"] or 1) else None
 
 
 def point(name: str) -> None:
-    _pause(name)
-    spec = os.environ.get("BURSTRL_KILL_AT")
-    if not spec:
-        return
-    match = _SPEC.fullmatch(spec)
-    if match is None or match["name"] != name:
-        return
-    _hits[name] = _hits.get(name, 0) + 1
-    if _hits[name] != int(match["nth"] or 1):
-        return
-    print(f"faults: BURSTRL_KILL_AT={spec}: SIGKILL at {name}", flush=True)
-    if match["delay"]:
-        threading.Timer(float(match["delay"]), _kill).start()
-    else:
-        _kill()
+    if pause := _due("BURSTRL_PAUSE_AT", _PAUSE, name, _paused):
+        flag = Path(pause["file"])
+        flag.touch()
+        print(f"faults: BURSTRL_PAUSE_AT: paused at {name} until {flag} is deleted", flush=True)
+        while flag.exists():
+            time.sleep(0.1)
+    if kill := _due("BURSTRL_KILL_AT", _SPEC, name, _hits):
+        print(f"faults: BURSTRL_KILL_AT={os.environ['BURSTRL_KILL_AT']}: SIGKILL at {name}", flush=True)
+        if kill["delay"]:
+            threading.Timer(float(kill["delay"]), _kill).start()
+        else:
+            _kill()

@@ -150,6 +150,24 @@ def test_kill_point_fires_on_its_nth_pass_at_once_or_after_a_delay():
     assert delayed.returncode == -signal.SIGKILL and "running" in delayed.stdout
 
 
+def test_pause_point_waits_on_its_nth_pass_until_the_file_is_deleted(tmp_path):
+    flag = tmp_path / "flag"
+    code = "from burstrl import faults\nfor i in range(3):\n    faults.point('p')\n    print('passed', i, flush=True)"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "BURSTRL_PAUSE_AT": f"p@2:{flag}"})
+    deadline = time.monotonic() + 30
+    while not flag.exists():
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(0.3)
+    assert proc.poll() is None  # held at the second pass while the file exists
+    flag.unlink()
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    assert [line for line in out.splitlines() if line.startswith("passed")] == ["passed 0", "passed 1", "passed 2"]
+    assert out.splitlines()[1].startswith("faults: BURSTRL_PAUSE_AT: paused at p")
+
+
 def test_reaper_kills_what_a_killed_process_left_behind_but_spares_the_named():
     parent = subprocess.Popen(
         [sys.executable, "-c", "import subprocess, time\n"

@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from burstrl.policy import policy_name, publish_policy, read_metadata, staging_dir
+from burstrl.serve import served
 from burstrl.sync import sync_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -38,15 +39,9 @@ def start_server(root: Path, env: dict, *where: str) -> tuple[subprocess.Popen, 
     return proc, f"http://127.0.0.1:{port}"
 
 
-def served_models(url: str) -> list[str]:
-    from burstrl.serve import served
-
-    return served(url)
-
-
 def wait_for(url: str, name: str, proc: subprocess.Popen, timeout: float = 600) -> None:
     deadline = time.monotonic() + timeout
-    while name not in served_models(url):
+    while name not in served(url):
         assert proc.poll() is None, f"the server supervisor for {url} exited ({proc.returncode})"
         assert time.monotonic() < deadline, f"{url} did not serve {name} within {timeout}s"
         time.sleep(1)
@@ -199,7 +194,7 @@ def test_the_server_reloads_after_sync_keeps_a_loadable_model_and_a_stage_refuse
 
         sync_checkpoint(tmp_path / "checkpoints" / "001", "001", child["content_hash"], str(base), "ssh")
         wait_for(url, policy_name(child), proc)
-        assert served_models(url) == [policy_name(child)]
+        assert served(url) == [policy_name(child)]
         run([sys.executable, "stages/generate.py", "002", "001", "--params", str(params)], tmp_path, env)
         rows = pq.read_table(tmp_path / "data/rollouts/002.parquet").to_pylist()
         assert {(r["policy_version"], r["policy_hash"], r["sampler_weights"]) for r in rows} == {
@@ -209,7 +204,7 @@ def test_the_server_reloads_after_sync_keeps_a_loadable_model_and_a_stage_refuse
         broken = broken_child(tmp_path, child)
         sync_checkpoint(tmp_path / "checkpoints" / "002", "002", broken["content_hash"], str(base), "ssh")
         deadline = time.monotonic() + 120
-        while served_models(url):
+        while served(url):
             assert time.monotonic() < deadline, "the supervisor never tried the newly synced model"
             time.sleep(0.2)
         wait_for(url, policy_name(child), proc)
