@@ -11,7 +11,7 @@ EXTRA ?= cpu
 # Checkpoints the sampler of a `make iterate` iteration lags the trainer (docs/objective.md, Staleness).
 LAG ?= 0
 
-.PHONY: setup setup-quantize system browser demo repro iterate report status rent-h200 rent-plan reap bench lint test test-fast clean
+.PHONY: setup setup-quantize system browser demo repro iterate report status rent-h200 rent-plan reap bench lint test test-fast test-durations clean
 
 $(VENV)/.installed-$(EXTRA): pyproject.toml
 	python3 -m venv $(VENV)
@@ -82,11 +82,18 @@ bench: setup system
 lint: setup
 	ruff check .
 
+# Every test (docs/testing.md). Each run writes every test's and fixture's wall time to build/test-durations.txt
+# and fails when one test takes over 5 minutes.
 test: setup setup-quantize system browser lint
 	pytest -q
 
+# The edit loop: no vLLM, no DVC run, under 2 minutes.
 test-fast: setup browser lint
 	pytest -q -m "not slow"
+
+# The whole suite, then where its time went, slowest first.
+test-durations: test
+	@head -n 32 build/test-durations.txt
 
 clean:
 	rm -rf data/rollouts data/scored data/weights data/sync metrics report dvclive logs dvc_plots build

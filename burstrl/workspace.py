@@ -1,6 +1,9 @@
 """A scratch copy of this repository, for the tests and the benchmarks: the tracked files only (what a
 clean clone has), params merged over params.yaml, one iteration in iterations.yaml, and a fresh git repository so
-DVC runs in it as in a user's clone. Stages in it import this checkout's package."""
+DVC runs in it as in a user's clone. Stages in it import this checkout's package.
+
+A scratch workspace that has run some stages can be cloned: the clone holds its git repository, DVC cache, lock
+file and outputs, so DVC finds those stages up to date there unless the clone's params change what they read."""
 
 import os
 import shutil
@@ -13,6 +16,15 @@ REPO = Path(__file__).resolve().parent.parent
 ONE_ITERATION = 'iterations:\n  "001": {parent: "000", sampler: "000"}\n'
 
 
+def merge_params(path: Path, params: dict) -> None:
+    """Merge `params` over the params file at `path`: a section given as a mapping updates that section's keys,
+    anything else replaces the section."""
+    merged = yaml.safe_load(path.read_text())
+    for section, values in params.items():
+        merged[section] = {**merged[section], **values} if isinstance(values, dict) else values
+    path.write_text(yaml.safe_dump(merged))
+
+
 def scratch(root: Path, params: dict, env: dict | None = None) -> dict:
     """Fill `root` (an empty directory); returns the environment its stages run with: this checkout's
     virtual environment first on PATH, nothing phoning home unless `env` says otherwise."""
@@ -21,10 +33,7 @@ def scratch(root: Path, params: dict, env: dict | None = None) -> dict:
         if (REPO / name).is_file():
             (root / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, root / name)
-    merged = yaml.safe_load((root / "params.yaml").read_text())
-    for section, values in params.items():
-        merged[section] = {**merged[section], **values} if isinstance(values, dict) else values
-    (root / "params.yaml").write_text(yaml.safe_dump(merged))
+    merge_params(root / "params.yaml", params)
     (root / "iterations.yaml").write_text(ONE_ITERATION)
     env = {**os.environ, "DVC_NO_ANALYTICS": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
            "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}", **(env or {})}
@@ -32,3 +41,11 @@ def scratch(root: Path, params: dict, env: dict | None = None) -> dict:
                 ["git", "-c", "user.name=burstrl", "-c", "user.email=burstrl@localhost", "commit", "-qm", "scratch"]):
         subprocess.run(cmd, cwd=root, env=env, capture_output=True, check=True)
     return env
+
+
+def clone(source: Path, dest: Path, params: dict | None = None) -> None:
+    """Copy the scratch workspace `source` to `dest` (which must not exist) and merge `params` over its params.yaml.
+    A plain copy: the workspaces are a few MB, and DVC's state is keyed by path, so each copy keeps its own."""
+    shutil.copytree(source, dest, symlinks=True)
+    if params:
+        merge_params(dest / "params.yaml", params)

@@ -4,10 +4,19 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import pyarrow as pa
 import pytest
 import torch
+from timing import (  # noqa: F401  (pytest finds hooks by name in this module)
+    pytest_fixture_setup,
+    pytest_runtest_logreport,
+    pytest_runtest_protocol,
+    pytest_sessionfinish,
+    pytest_sessionstart,
+    pytest_terminal_summary,
+)
 
 from burstrl import workspace
 from burstrl.contract import ROLLOUT_FIELDS
@@ -58,7 +67,10 @@ scratch_workspace = workspace.scratch  # a clean-clone copy with params merged a
 @pytest.fixture(scope="session")
 def ssh_server(tmp_path_factory):
     """A real sshd on 127.0.0.1 for this test session; yields the RSYNC_RSH command that reaches it, its user,
-    port and the client's private key."""
+    port, the client's private key and sshd's log file.
+
+    The log goes to a file, never to a pipe: every connection logs a few hundred bytes, and an sshd writing to a
+    pipe nobody reads blocks, and stops answering, once the pipe's buffer is full."""
     sshd = shutil.which("sshd") or "/usr/sbin/sshd"
     if not Path(sshd).exists():
         pytest.fail("sshd is not installed: `make system` (Debian: apt-get install openssh-server)")
@@ -77,7 +89,9 @@ def ssh_server(tmp_path_factory):
         "StrictModes no\nUsePAM no\n"
     )
     Path("/run/sshd").mkdir(exist_ok=True)
-    proc = subprocess.Popen([sshd, "-D", "-e", "-f", str(home / "sshd_config")], stderr=subprocess.PIPE)
+    log = home / "sshd.log"
+    proc = subprocess.Popen([sshd, "-D", "-E", str(log), "-f", str(home / "sshd_config")],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     rsh = (f"ssh -p {port} -i {home / 'client_key'} -o BatchMode=yes -o StrictHostKeyChecking=no "
            f"-o UserKnownHostsFile=/dev/null -o LogLevel=ERROR")
     user = os.environ.get("USER") or subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
@@ -85,34 +99,57 @@ def ssh_server(tmp_path_factory):
     while subprocess.run([*rsh.split(), f"{user}@127.0.0.1", "true"], capture_output=True).returncode != 0:
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
-            pytest.fail(f"sshd did not come up: {proc.stderr.read().decode() if proc.stderr else ''}")
+            pytest.fail(f"sshd did not come up: {log.read_text() if log.exists() else ''}")
         time.sleep(0.2)
-    yield {"rsh": rsh, "user": user, "port": port, "key": str(home / "client_key")}
+    yield {"rsh": rsh, "user": user, "port": port, "key": str(home / "client_key"), "log": log}
     proc.terminate()
     proc.wait(timeout=10)
 
 
-# A small iteration whose train stage is long enough (100 optimizer steps) to interrupt mid-run.
-SCORED_PARAMS = {
+class Workspace(NamedTuple):
+    """A scratch workspace: its directory, the environment its stages run with, and what building it printed."""
+    root: Path
+    env: dict
+    out: str = ""
+
+
+# The one small param set of the shared workspaces: a quick bootstrap, and an iteration of 8 prompts x 4
+# completions in 4 optimizer steps. Tests that need other sizes change only the sections they need, in a clone.
+SMALL = {
     "task": {"heldout_size": 20},
     "bootstrap": {"sft_steps": 60},
     "generate": {"prompts_per_iteration": 8, "num_generations": 4},
-    "train": {"batch_size": 8, "epochs": 25},
+    "train": {"batch_size": 8},
+}
+# The scored workspace's train stage is long enough (100 optimizer steps) to interrupt mid-run.
+SCORED_PARAMS = {
+    "train": {"epochs": 25},
     "resume": {"checkpoint_every_steps": 0, "deadline_margin_seconds": 2},
 }
 
 
 @pytest.fixture(scope="session")
-def scored(tmp_path_factory):
-    """A workspace with iteration 001 generated and scored (SCORED_PARAMS), built once per test session;
-    tests train in copies of it (copy_of)."""
-    root = tmp_path_factory.mktemp("scored")
-    env = scratch_workspace(root, SCORED_PARAMS, {})
-    run(["dvc", "repro", "score@001"], root, env)
-    return root, env
+def bootstrapped(tmp_path_factory) -> Workspace:
+    """A scratch workspace (SMALL) with prepare, bootstrap and sync-bootstrap run by `dvc repro`, built once per
+    test session: every test that runs stages of its own starts from a clone of it (clone), not from prepare."""
+    root = tmp_path_factory.mktemp("bootstrapped") / "ws"
+    root.mkdir()
+    env = scratch_workspace(root, SMALL, {})
+    return Workspace(root, env, run(["dvc", "repro", "sync-bootstrap"], root, env).stdout)
 
 
-def copy_of(scored, dest: Path) -> dict:
-    """A copy of the scored workspace at `dest`; returns the environment its stages run with."""
-    shutil.copytree(scored[0], dest, symlinks=True)
-    return dict(scored[1])
+@pytest.fixture(scope="session")
+def scored(bootstrapped, tmp_path_factory) -> Workspace:
+    """A clone of the bootstrapped workspace with iteration 001 generated and scored (SCORED_PARAMS), built once
+    per test session; tests that train or serve start from clones of it."""
+    root = tmp_path_factory.mktemp("scored") / "ws"
+    env = clone(bootstrapped, root, SCORED_PARAMS)
+    return Workspace(root, env, run(["dvc", "repro", "score@001"], root, env).stdout)
+
+
+def clone(base: Workspace, dest: Path, params: dict | None = None) -> dict:
+    """A copy of a shared workspace at `dest` with `params` merged over its params.yaml; returns the environment
+    its stages run with. Stages the params do not touch are up to date in the copy."""
+    workspace.clone(base.root, dest, params)
+    return dict(base.env)
+

@@ -16,9 +16,18 @@ def test_params_yaml_equals_hydra_composition_of_conf():
     assert composed == yaml.safe_load((REPO / "params.yaml").read_text())
 
 
-def test_params_yaml_loads_into_typed_config():
-    cfg = load_config(REPO / "params.yaml")
-    assert cfg.rollouts_per_iteration == cfg.generate.prompts_per_iteration * cfg.generate.num_generations
+def test_params_yaml_loads_into_typed_config(tmp_path):
+    assert load_config(REPO / "params.yaml").train.batch_size == 256
+    # By hand: 6 prompts x 4 completions are 24 rollouts, which 8 divides and 16 does not.
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["generate"].update(prompts_per_iteration=6, num_generations=4)
+    params["train"]["batch_size"] = 8
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    assert load_config(tmp_path / "params.yaml").rollouts_per_iteration == 24
+    params["train"]["batch_size"] = 16
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    with pytest.raises(ConfigError, match=r"train.batch_size=16 must divide the rollout batch .* = 24\)"):
+        load_config(tmp_path / "params.yaml")
 
 
 @pytest.mark.parametrize(("change", "message"), [

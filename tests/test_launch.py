@@ -6,7 +6,9 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import copy_of, run
+from accelerate.commands.launch import launch_command_parser
+from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
+from conftest import clone, run
 
 from burstrl.config import ConfigError, LaunchConfig, TrainConfig
 from burstrl.launch import command, per_device_batch, world_size
@@ -29,6 +31,33 @@ def test_fsdp_and_zero3_flags_gather_full_weights_for_saving():
     zero3 = command(LaunchConfig(strategy="deepspeed_zero3"), GPU, 2, ["s.py"])
     assert zero3[-6:] == ["--use_deepspeed", "--zero_stage", "3", "--zero3_save_16bit_model", "true", "s.py"]
     assert "--multi_gpu" not in fsdp + zero3
+
+
+@pytest.mark.parametrize(("strategy", "expected"), [
+    ("ddp", {"ACCELERATE_MIXED_PRECISION": "bf16", "ACCELERATE_DYNAMO_BACKEND": "NO"}),
+    ("fsdp", {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP",
+              "FSDP_STATE_DICT_TYPE": "FULL_STATE_DICT", "FSDP_RESHARD_AFTER_FORWARD": "true"}),
+    ("deepspeed_zero2", {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"}),
+    ("deepspeed_zero3", {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3",
+                         "ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL": "true"}),
+])
+def test_accelerate_reads_each_command_line_as_intended(strategy, expected):
+    """The command line through accelerate's own parser and the environment it would give every rank: what a
+    typo in a flag, or a flag accelerate renamed, would silently change."""
+    argv = command(LaunchConfig(processes=0, strategy=strategy), GPU, 8, ["stages/train.py", "001", "000"])
+    assert argv[:3] == LAUNCHER
+    args = launch_command_parser().parse_args(argv[3:])
+    assert (args.num_processes, args.num_machines, args.mixed_precision) == (8, 1, "bf16")
+    assert (args.training_script, args.training_script_args) == ("stages/train.py", ["001", "000"])
+    assert (args.multi_gpu, args.use_fsdp, args.use_deepspeed) == (
+        strategy == "ddp", strategy == "fsdp", strategy.startswith("deepspeed"))
+    args.main_process_port = 0  # any free port: nothing listens, the environment is only built
+    if args.use_deepspeed:
+        args.deepspeed_fields_from_accelerate_config = ""  # what accelerate's validation sets with no config file
+        env = prepare_deepspeed_cmd_env(args)[1]
+    else:
+        env = prepare_multi_gpu_env(args)
+    assert {key: env.get(key) for key in expected} == expected
 
 
 def test_cpu_ranks_run_under_torchrun_with_ddp_only():
@@ -56,7 +85,7 @@ def test_two_ranks_train_on_halves_and_report_every_row_like_one_process(scored,
     results = {}
     for processes in (1, 2):
         root = tmp_path / f"p{processes}"
-        env = copy_of(scored, root)
+        env = clone(scored, root)
         params = yaml.safe_load((root / "params.yaml").read_text())
         params["launch"]["processes"] = processes
         (root / "params.yaml").write_text(yaml.safe_dump(params))

@@ -3,6 +3,7 @@ quantized or stale inference box amounts to), scored and trained on by the real 
 
 The train stage must see the gap (its sampler-vs-trainer KL), weight each token by pi_old / sampler truncated
 at the cap (checked by hand against a separate Hugging Face forward pass), and still train to finite weights.
+The workspace is a clone of the session's bootstrapped one.
 """
 
 import json
@@ -13,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
-from conftest import completion_logprobs, run, scratch_workspace
+from conftest import clone, completion_logprobs, run
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
@@ -21,12 +22,7 @@ from burstrl.policy import mark_derived, read_metadata
 
 pytestmark = pytest.mark.slow
 
-SMALL = {
-    "task": {"heldout_size": 20},
-    "bootstrap": {"sft_steps": 60},
-    "generate": {"prompts_per_iteration": 16, "num_generations": 4},
-    "train": {"batch_size": 32, "is_cap": 1.5},
-}
+PARAMS = {"generate": {"prompts_per_iteration": 16}, "train": {"batch_size": 32, "is_cap": 1.5}}
 NOISE = 0.3  # relative to each weight tensor's std: enough to move the sampler visibly, not to break it
 
 
@@ -40,11 +36,9 @@ def perturbed_copy(source, target):
     mark_derived(target, read_metadata(source), f"perturbed-{NOISE}")
 
 
-def test_mismatched_sampler_is_measured_and_corrected(tmp_path):
-    root = tmp_path
-    env = scratch_workspace(root, SMALL, {})
-    for cmd in (["prepare"], ["bootstrap"]):
-        run(["python", f"stages/{cmd[0]}.py"], root, env)
+def test_mismatched_sampler_is_measured_and_corrected(bootstrapped, tmp_path):
+    root = tmp_path / "ws"
+    env = clone(bootstrapped, root, PARAMS)
     perturbed_copy(root / "checkpoints/000", root / "build/perturbed")
     run(["python", "stages/generate.py", "001", "000", "--weights", "build/perturbed"], root, env)
     run(["python", "stages/score.py", "001"], root, env)

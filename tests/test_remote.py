@@ -1,6 +1,7 @@
 """The train stage on another host over real SSH (an sshd on 127.0.0.1 that the tests start): inputs go out
 with rsync, the stage runs there, its outputs come back and DVC records them here; checkpoints come home
-during the run, so a lost host costs at most one checkpoint interval."""
+during the run, so a lost host costs at most one checkpoint interval. The workspace is a clone of the session's
+scored one, so only train and what follows it run."""
 
 import datetime
 import json
@@ -9,28 +10,20 @@ import time
 
 import pytest
 import yaml
-from conftest import REPO, run, scratch_workspace
+from conftest import REPO, clone, run
 
 pytestmark = pytest.mark.slow
 
-PARAMS = {
-    "task": {"heldout_size": 20},
-    "bootstrap": {"sft_steps": 60},
-    "generate": {"prompts_per_iteration": 8, "num_generations": 4},
-    "train": {"batch_size": 8},
-    "resume": {"checkpoint_every_steps": 0, "deadline_margin_seconds": 2},
-}
-
 
 @pytest.fixture(scope="module")
-def ws(tmp_path_factory, ssh_server):
-    root = tmp_path_factory.mktemp("local")
+def ws(tmp_path_factory, ssh_server, scored):
+    root = tmp_path_factory.mktemp("local") / "ws"
     pod = tmp_path_factory.mktemp("pod")
     # The host's setup: a Python environment with the project's dependencies (here, this checkout's).
     (pod / ".venv").symlink_to(REPO / ".venv")
-    env = scratch_workspace(root, PARAMS, {"RSYNC_RSH": ssh_server["rsh"],
-                                           "BURSTRL_TRAIN_HOST": f"{ssh_server['user']}@127.0.0.1:{pod}"})
-    return root, pod, env
+    env = clone(scored, root, {"train": {"epochs": 1}})  # 4 optimizer steps
+    return root, pod, {**env, "RSYNC_RSH": ssh_server["rsh"],
+                       "BURSTRL_TRAIN_HOST": f"{ssh_server['user']}@127.0.0.1:{pod}"}
 
 
 def test_dvc_repro_trains_on_the_remote_host_and_records_the_outputs_here(ws):

@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from conftest import REPO, copy_of, run
+from conftest import REPO, clone, run
 from runpod_standin import RunPodStandIn
 
 pytestmark = pytest.mark.slow
@@ -31,7 +31,7 @@ def ws(tmp_path_factory, ssh_server, scored):
     root = tmp_path_factory.mktemp("laptop") / "ws"
     pod = tmp_path_factory.mktemp("pod")
     standin = RunPodStandIn(ssh_server["port"])
-    env = {**copy_of(scored, root), "RUNPOD_API_BASE_URL": standin.url, "RUNPOD_API_KEY": API_KEY,
+    env = {**clone(scored, root), "RUNPOD_API_BASE_URL": standin.url, "RUNPOD_API_KEY": API_KEY,
            "HF_TOKEN": HUB_TOKEN}
     env.pop("RSYNC_RSH", None)
     env.pop("BURSTRL_TRAIN_HOST", None)
@@ -65,9 +65,15 @@ def rent_params(ws, name: str, **changes) -> str:
 
 def start(ws, params: str, *args, env=None) -> subprocess.Popen:
     shutil.rmtree(ws["pod"] / "build", ignore_errors=True)  # each session's pod starts without progress
-    return subprocess.Popen(["python", "-m", "burstrl.rent", "--params", params, *args], cwd=ws["root"],
-                            env={**ws["env"], **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    # A session started from a terminal takes Ctrl-C; one started by a test run that a shell put in the
+    # background would inherit SIGINT ignored. A handler here (not SIG_IGN) reaches the child as the default.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return subprocess.Popen(["python", "-m", "burstrl.rent", "--params", params, *args], cwd=ws["root"],
+                                env={**ws["env"], **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def finish(proc: subprocess.Popen) -> tuple[int, str, str]:

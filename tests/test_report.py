@@ -2,11 +2,13 @@
 the rollout inspector and the stage log files."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
 
 import pytest
+import yaml
 from conftest import REPO
 from PIL import Image
 
@@ -64,7 +66,13 @@ def test_non_finite_values_become_null_and_are_not_drawn(tmp_path):
     path.write_text(path.read_text().replace('"kl": 0.01', '"kl": NaN'))
     rows = collect(tmp_path / "metrics", tmp_path / "data/sync", COST, ["001"])
     assert rows[1]["kl_ref"] is None
-    assert "no data yet" not in render(rows, summary(rows), {})
+    page = render(rows, summary(rows), {})
+    assert "no data yet" not in page
+    # Drawn, a NaN would be a coordinate or a cell of the table; the one page of this run has none anywhere.
+    assert "nan" not in page.lower()
+    kl_chart = page[page.index('aria-label="KL to the reference'):]
+    kl_chart = kl_chart[:kl_chart.index("</svg>")]
+    assert kl_chart.count("<circle") == 1  # sampler_kl's one point; kl_ref has none to draw
 
 
 def test_terminal_table_shows_missing_cells_as_dashes(tmp_path):
@@ -80,7 +88,10 @@ def test_report_draws_every_chart_and_says_when_there_is_no_data(tmp_path):
     write_run(tmp_path)
     rows = collect(tmp_path / "metrics", tmp_path / "data/sync", COST, ["001"])
     page = render(rows, summary(rows), {"train": {"beta": 0.02}})
-    assert page.count('<svg class="chart"') == 5 and "<polyline" in page
+    # The charts are those of `dvc plots show` (dvc.yaml's top-level plots) plus the running cost, in that order.
+    plots = [next(iter(plot)) for plot in yaml.safe_load((REPO / "dvc.yaml").read_text())["plots"]]
+    assert re.findall(r'<svg class="chart"[^>]*aria-label="([^"]*)"', page) == [*plots, "Cost so far (USD)"]
+    assert "<polyline" in page
     assert "&quot;beta&quot;: 0.02" in page
     assert "no data yet" in render(rows[:1], summary(rows[:1]), {})
 

@@ -1,10 +1,10 @@
 """Killed runs lose nothing: each stage is SIGKILLed at a named point (burstrl.faults), `dvc repro` runs again,
 and the result equals that of an uninterrupted run of the same workspace.
 
-The workspace runs once uninterrupted (the reference). Each test then forces one stage to run again with
-BURSTRL_KILL_AT set, checks what the kill left (shards, checkpoints, `burstrl.status`), runs a plain
-`dvc repro`, and compares with the reference: the same rollout rows (no duplicate, none missing), the same
-scores, a continuous step count and weights within TOLERANCE.
+The workspace, a clone of the session's bootstrapped one, runs iteration 001 once uninterrupted (the reference).
+Each test then forces one stage to run again with BURSTRL_KILL_AT set, checks what the kill left (shards,
+checkpoints, `burstrl.status`), runs a plain `dvc repro`, and compares with the reference: the same rollout rows
+(no duplicate, none missing), the same scores, the same losses step by step and weights within TOLERANCE.
 """
 
 import datetime
@@ -15,7 +15,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import run, scratch_workspace
+from conftest import clone, run
 from safetensors.torch import load_file
 
 pytestmark = pytest.mark.slow
@@ -25,10 +25,8 @@ pytestmark = pytest.mark.slow
 TOLERANCE = 1e-6
 STEPS = 8  # 16 prompts x 4 completions / batch 8
 PARAMS = {
-    "task": {"heldout_size": 20},
-    "bootstrap": {"sft_steps": 60},
-    "generate": {"prompts_per_iteration": 16, "num_generations": 4},
-    "train": {"batch_size": 8, "learning_rate": 3e-4},
+    "generate": {"prompts_per_iteration": 16},
+    "train": {"learning_rate": 3e-4},
     "resume": {"shard_prompts": 4, "checkpoint_every_steps": 2, "checkpoint_every_minutes": 0},
 }
 
@@ -38,11 +36,11 @@ def ran_stages(output: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def ws(tmp_path_factory, ssh_server):
-    root = tmp_path_factory.mktemp("resume")
+def ws(tmp_path_factory, ssh_server, bootstrapped):
+    root = tmp_path_factory.mktemp("resume") / "ws"
     remote = root / "remote"
-    env = scratch_workspace(root, {**PARAMS, "sync": {"targets": [f"{ssh_server['user']}@127.0.0.1:{remote}"]}},
-                            {"RSYNC_RSH": ssh_server["rsh"]})
+    env = clone(bootstrapped, root, {**PARAMS, "sync": {"targets": [f"{ssh_server['user']}@127.0.0.1:{remote}"]}})
+    env = {**env, "RSYNC_RSH": ssh_server["rsh"]}
     run(["dvc", "repro"], root, env)
     reference = {
         "rollouts": pq.read_table(root / "data/rollouts/001.parquet"),
@@ -80,6 +78,11 @@ def repro(ws) -> str:
 def identities(table) -> list[tuple]:
     return sorted(zip(table["prompt_id"].to_pylist(), table["sample_index"].to_pylist(), table["seed"].to_pylist(),
                       strict=True))
+
+
+def losses(tsv: str) -> list[tuple[int, float]]:
+    """(step, loss) from DVCLive's loss.tsv: a header, then one `step<TAB>loss` line per logged step."""
+    return [(int(step), float(loss)) for step, loss in (line.split("\t")[:2] for line in tsv.splitlines()[1:])]
 
 
 def assert_weights_match(root, reference):
@@ -136,9 +139,10 @@ def test_kill_mid_optimizer_step_resumes_from_last_checkpoint(ws):
     assert "resuming from build/resume/train/001/checkpoint-4 (step 4)" in out
     metrics = json.loads((root / "metrics/train/001.json").read_text())
     assert (metrics["resumed_from_step"], metrics["optimizer_steps"]) == (4, STEPS)
-    steps = [int(line.split("\t")[0]) for line in (root / "dvclive/train/001/plots/metrics/loss.tsv")
-             .read_text().splitlines()[1:]]
-    assert steps == list(range(1, STEPS + 1))
+    resumed = losses((root / "dvclive/train/001/plots/metrics/loss.tsv").read_text())
+    assert [step for step, _ in resumed] == list(range(1, STEPS + 1))
+    # Steps 1-4 were logged before the kill, 5-8 after the resume: each step's loss is the uninterrupted run's.
+    assert resumed == [(step, pytest.approx(loss, rel=1e-5, abs=1e-7)) for step, loss in losses(reference["loss"])]
     assert_weights_match(root, reference["weights"])
 
 

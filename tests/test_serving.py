@@ -15,7 +15,7 @@ import psutil
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import completion_logprobs, copy_of, run
+from conftest import clone, completion_logprobs, run
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -75,7 +75,7 @@ def two_servers(scored, tmp_path_factory):
     """Two vLLM servers of checkpoints/000 (the sampler and the reference of iteration 001) in a copy of the
     scored workspace, whose data/ holds what the offline engine produced."""
     root = tmp_path_factory.mktemp("served") / "ws"
-    env = copy_of(scored, root)
+    env = clone(scored, root)
     name = policy_name(read_metadata(root / "checkpoints" / "000"))
     servers = [start_server(root, env, "--model", "checkpoints/000") for _ in range(2)]
     try:
@@ -177,7 +177,7 @@ def broken_child(root: Path, parent: dict) -> dict:
 
 def test_the_server_reloads_after_sync_keeps_a_loadable_model_and_a_stage_refuses_another_version(scored, tmp_path):
     tmp_path = tmp_path / "ws"
-    env = copy_of(scored, tmp_path)
+    env = clone(scored, tmp_path)
     base = tmp_path / "build" / "inference"
     reference = read_metadata(tmp_path / "checkpoints" / "000")
     child = perturbed_copy(tmp_path, "001")

@@ -1,6 +1,7 @@
 """The TRL hook: scored rows become the tensors TRL's GRPO loss expects, and an update moves the right way."""
 
 import datasets
+import pyarrow as pa
 import pytest
 import torch
 from conftest import as_table, rollout_rows
@@ -101,6 +102,19 @@ def test_epochs_reuse_one_batch_and_its_proximal_logprobs(tmp_path):
     assert trainer.state.global_step == 6 and calls == [8]
 
 
-def test_table_with_lists_round_trips_through_datasets():
-    table = as_table(rollout_rows(), SCORED_FIELDS)
-    assert datasets.Dataset(table)[0]["ref_logprobs"] == pytest.approx([-0.4, -0.3])
+def test_rows_through_the_train_stages_dataset_give_the_tables_batch(tmp_path):
+    """The train stage hands the trainer its table as a `datasets.Dataset` with a `keep` column; the rows the
+    trainer's data loader draws from it (lists of float32 read back as Python floats) build the same batch as the
+    table's own rows."""
+    table = as_table(rollout_rows(groups=2, size=4), SCORED_FIELDS)
+    keep = [row["sample_index"] != 3 for row in table.to_pylist()]
+    trainer = make_trainer(tmp_path, table, beta=0.1)
+    dataset = datasets.Dataset(table.append_column("keep", pa.array(keep)))
+    from_dataset = trainer._generate_and_score_completions([dataset[i] for i in range(len(dataset))])
+    from_table = trainer._generate_and_score_completions(
+        [{**row, "keep": k} for row, k in zip(table.to_pylist(), keep, strict=True)])
+    assert from_dataset.keys() == from_table.keys()
+    for name, value in from_table.items():
+        assert torch.equal(from_dataset[name], value), name
+    assert from_dataset["ref_per_token_logps"][0].tolist() == pytest.approx([-0.4, -0.3])
+    assert from_dataset["loss_mask"].sum(-1).tolist() == [0 if not k else 2 for k in keep]
