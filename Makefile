@@ -82,10 +82,12 @@ bench: setup system
 lint: setup
 	ruff check .
 
-# Every test (docs/testing.md). Each run writes every test's and fixture's wall time to build/test-durations.txt
-# and fails when one test takes over 5 minutes.
+# Every test (docs/testing.md), a test file per worker process: the suite keeps about one core busy, so two
+# workers use both. Each run writes every test's and fixture's wall time to build/test-durations.txt and fails
+# when one test takes over 5 minutes.
+TEST_WORKERS ?= 2
 test: setup setup-quantize system browser lint
-	pytest -q
+	pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The edit loop: no vLLM, no DVC run, under 2 minutes.
 test-fast: setup browser lint

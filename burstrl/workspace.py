@@ -25,9 +25,15 @@ def merge_params(path: Path, params: dict) -> None:
     path.write_text(yaml.safe_dump(merged))
 
 
+def environment(env: dict | None = None) -> dict:
+    """The environment a scratch workspace's stages run with: this checkout's virtual environment first on PATH,
+    nothing phoning home unless `env` says otherwise."""
+    return {**os.environ, "DVC_NO_ANALYTICS": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+            "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}", **(env or {})}
+
+
 def scratch(root: Path, params: dict, env: dict | None = None) -> dict:
-    """Fill `root` (an empty directory); returns the environment its stages run with: this checkout's
-    virtual environment first on PATH, nothing phoning home unless `env` says otherwise."""
+    """Fill `root` (an empty directory); returns the environment its stages run with (`environment`)."""
     files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
     for name in files:
         if (REPO / name).is_file():
@@ -35,8 +41,7 @@ def scratch(root: Path, params: dict, env: dict | None = None) -> dict:
             shutil.copy2(REPO / name, root / name)
     merge_params(root / "params.yaml", params)
     (root / "iterations.yaml").write_text(ONE_ITERATION)
-    env = {**os.environ, "DVC_NO_ANALYTICS": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-           "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}", **(env or {})}
+    env = environment(env)
     for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
                 ["git", "-c", "user.name=burstrl", "-c", "user.email=burstrl@localhost", "commit", "-qm", "scratch"]):
         subprocess.run(cmd, cwd=root, env=env, capture_output=True, check=True)

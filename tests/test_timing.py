@@ -28,7 +28,7 @@ def test_a_run_with_a_test_over_the_limit_fails_and_names_it(tmp_path):
     (tmp_path / "conftest.py").write_text(
         "import pytest, time, timing\n"
         "timing.LIMIT_SECONDS = 1.0\n"
-        "from timing import pytest_fixture_setup, pytest_runtest_logreport, pytest_runtest_protocol, "
+        "from timing import pytest_configure, pytest_fixture_setup, pytest_runtest_logreport, pytest_runtest_protocol, "
         "pytest_sessionfinish, pytest_sessionstart, pytest_terminal_summary\n"
         "@pytest.fixture(scope='session')\n"
         "def resource():\n"

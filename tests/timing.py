@@ -4,6 +4,8 @@ with a message that names it (docs/testing.md).
 
 A test's own time is its setup, call and teardown less the shared (module or session) fixtures built during its
 setup: those are paid once for many tests and are charged to themselves, not to whichever test came first.
+Fixture times travel with each test's reports (`user_properties`), so under `pytest -n` the controller, which
+sees every worker's reports, adds them up and writes the file.
 """
 
 import time
@@ -15,6 +17,7 @@ import pytest
 
 LIMIT_SECONDS = 300.0
 SLOWEST = 20  # lines of the table printed at the end of a run
+FIXTURE = "burstrl-fixture-seconds"  # the user_properties key of one fixture's (name, scope, seconds)
 
 
 @dataclass
@@ -22,7 +25,17 @@ class Timings:
     own: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # test id -> its own seconds
     fixtures: list[tuple[str, str, float, str]] = field(default_factory=list)  # (name, scope, seconds, first test)
     started: float = field(default_factory=time.monotonic)
-    current: str = ""  # the test whose phases run now
+    counted: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # test id -> fixture entries added
+
+    def add(self, report) -> None:
+        """One phase's report: its duration, and the fixtures set up since the test's previous report."""
+        self.own[report.nodeid] += report.duration
+        entries = [value for key, value in report.user_properties if key == FIXTURE]
+        for name, scope, seconds in entries[self.counted[report.nodeid]:]:
+            self.fixtures.append((name, scope, seconds, report.nodeid))
+            if scope != "function":
+                self.own[report.nodeid] -= seconds
+        self.counted[report.nodeid] = len(entries)
 
 
 def over_limit(timings: Timings, limit: float) -> list[str]:
@@ -42,6 +55,12 @@ def table(timings: Timings) -> list[str]:
 
 
 TIMINGS = Timings()
+RUNNING: list = []  # the test item whose phases run now, in this process
+WORKER: list[bool] = [False]  # whether this process is a `pytest -n` worker, whose reports reach the controller
+
+
+def pytest_configure(config):
+    WORKER[0] = hasattr(config, "workerinput")
 
 
 def pytest_sessionstart(session):
@@ -50,8 +69,9 @@ def pytest_sessionstart(session):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    TIMINGS.current = item.nodeid
+    RUNNING[:] = [item]
     yield
+    RUNNING.clear()
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -59,17 +79,19 @@ def pytest_fixture_setup(fixturedef, request):
     # The fixtures a fixture depends on are set up before this hook runs, so each is timed alone.
     started = time.monotonic()
     yield
-    seconds = time.monotonic() - started
-    TIMINGS.fixtures.append((fixturedef.argname, fixturedef.scope, seconds, TIMINGS.current))
-    if fixturedef.scope != "function":
-        TIMINGS.own[TIMINGS.current] -= seconds
+    if RUNNING:
+        RUNNING[0].user_properties.append((FIXTURE, (fixturedef.argname, fixturedef.scope,
+                                                     time.monotonic() - started)))
 
 
 def pytest_runtest_logreport(report):
-    TIMINGS.own[report.nodeid] += report.duration
+    if not WORKER[0]:
+        TIMINGS.add(report)
 
 
 def pytest_sessionfinish(session, exitstatus):
+    if WORKER[0]:
+        return
     wall = time.monotonic() - TIMINGS.started
     out = Path(session.config.rootpath) / "build" / "test-durations.txt"
     out.parent.mkdir(exist_ok=True)
