@@ -10,15 +10,6 @@ from typing import NamedTuple
 import pyarrow as pa
 import pytest
 import torch
-from timing import (  # noqa: F401  (pytest finds hooks by name in this module)
-    pytest_configure,
-    pytest_fixture_setup,
-    pytest_runtest_logreport,
-    pytest_runtest_protocol,
-    pytest_sessionfinish,
-    pytest_sessionstart,
-    pytest_terminal_summary,
-)
 
 from burstrl import workspace
 from burstrl.contract import ROLLOUT_FIELDS

@@ -28,8 +28,6 @@ def test_a_run_with_a_test_over_the_limit_fails_and_names_it(tmp_path):
     (tmp_path / "conftest.py").write_text(
         "import pytest, time, timing\n"
         "timing.LIMIT_SECONDS = 1.0\n"
-        "from timing import pytest_configure, pytest_fixture_setup, pytest_runtest_logreport, pytest_runtest_protocol, "
-        "pytest_sessionfinish, pytest_sessionstart, pytest_terminal_summary\n"
         "@pytest.fixture(scope='session')\n"
         "def resource():\n"
         "    time.sleep(1.5)\n")
@@ -38,9 +36,9 @@ def test_a_run_with_a_test_over_the_limit_fails_and_names_it(tmp_path):
         "def test_uses_resource(resource):\n    pass\n"
         "def test_sleeps():\n    time.sleep(1.5)\n"
         "def test_fast():\n    pass\n")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
-                          cwd=tmp_path, env={"PYTHONPATH": str(HERE), "PATH": ""}, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "timing",
+                           str(tmp_path)], cwd=tmp_path, env={"PYTHONPATH": str(HERE), "PATH": ""},
+                          capture_output=True, text=True, timeout=120)
     assert "3 passed" in done.stdout and done.returncode == 1, done.stdout
     failed = [line for line in done.stdout.splitlines() if line.startswith("FAILED the 1 s guard")]
     assert len(failed) == 2, done.stdout
