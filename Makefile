@@ -82,10 +82,10 @@ bench: setup system
 lint: setup
 	ruff check .
 
-# Every test (docs/testing.md). TEST_WORKERS=2 runs a test file per worker process (the suite keeps about one
-# core busy), which is faster but not yet the default: see docs/testing.md. Each run writes every test's and fixture's wall time to build/test-durations.txt and fails
-# when one test takes over 5 minutes.
-TEST_WORKERS ?= 1
+# Every test (docs/testing.md), a test file per worker process: one process keeps only about one of two cores
+# busy. Each run writes every test's and fixture's wall time to build/test-durations.txt and fails when one test
+# takes over 5 minutes.
+TEST_WORKERS ?= 2
 test: setup setup-quantize system browser lint
 	pytest -q -n $(TEST_WORKERS) --dist loadfile
 

@@ -73,7 +73,8 @@ class Remote:
         done = subprocess.run(["rsync", "-a", "--mkpath", "-e", self.ssh, *extra, *sources, dest],
                               input=listing, capture_output=True, text=True)
         if done.returncode != 0:
-            raise SyncError(f"rsync {' '.join(sources)} -> {dest} failed ({done.returncode}): {done.stderr.strip()}")
+            raise SyncError(f"rsync {' '.join(sources)} -> {dest} failed ({done.returncode}): {done.stderr.strip()}",
+                            code=done.returncode)
 
     def push(self, paths: list[str]) -> None:
         """Copy the tracked files and these paths (relative to the repository root) to the same place under the
@@ -82,26 +83,39 @@ class Remote:
         self.rsync(["./"], f"{self.host}:{self.dir}/", "-r", "--files-from=-",
                    listing="\n".join([*files.splitlines(), *paths]) + "\n")
 
-    def pull_checkpoints(self, work: Path) -> None:
-        """Bring home the remote checkpoints that are complete now: their files first, then their markers, so
-        a checkpoint here counts as complete only when all its files arrived."""
+    def pull_checkpoints(self, work: Path, tries: int = 3) -> None:
+        """Bring home the newest remote checkpoint that is complete now: its files first, then its marker, so a
+        checkpoint here counts as complete only when all its files arrived. Older ones here are removed.
+
+        The trainer keeps two checkpoints and deletes the older as a new one completes, so a checkpoint listed
+        as newest can vanish while it is copied when steps are fast; then rsync reports missing files (23) or
+        vanished ones (24), and the pull starts again from a new listing."""
         remote_work = f"{self.dir}/{work}"
-        listed = self.shell(f"cd {shlex.quote(remote_work)} 2>/dev/null && ls -d checkpoint-*/{resume.COMPLETE}",
-                            capture_output=True, text=True)
-        complete = [line.split("/")[0] for line in listed.stdout.split()]
-        if not complete:
-            return
-        self.rsync([f"{self.host}:{remote_work}/{name}" for name in complete], f"{work}/", "--exclude", resume.COMPLETE)
-        # The work directory's key and the prepared batch: without them the checkpoints cannot be resumed.
-        self.rsync([f"{self.host}:{remote_work}/inputs.json", f"{self.host}:{remote_work}/batch-*.pt"], f"{work}/")
-        self.rsync([f"{self.host}:{remote_work}/./{name}/{resume.COMPLETE}" for name in complete], f"{work}/",
-                   "--relative")
-        newest = resume.checkpoints(work)[-1][1].name
-        if newest != self.newest_home:
-            print(f"{newest} is home", flush=True)
-            self.newest_home = newest
-        for _, old in resume.checkpoints(work)[:-1]:
-            shutil.rmtree(old)
+        for attempt in range(tries):
+            listed = self.shell(f"cd {shlex.quote(remote_work)} 2>/dev/null && ls -d checkpoint-*/{resume.COMPLETE}",
+                                capture_output=True, text=True)
+            steps = [int(m[1]) for line in listed.stdout.split()
+                     if (m := resume.CHECKPOINT.fullmatch(line.split("/")[0]))]
+            if not steps:
+                return
+            newest = f"checkpoint-{max(steps)}"
+            if newest == self.newest_home and (work / newest / resume.COMPLETE).is_file():
+                return
+            try:
+                self.rsync([f"{self.host}:{remote_work}/{newest}"], f"{work}/", "--exclude", resume.COMPLETE)
+                # The work directory's key and the prepared batch: without them the checkpoint cannot be resumed.
+                self.rsync([f"{self.host}:{remote_work}/inputs.json", f"{self.host}:{remote_work}/batch-*.pt"],
+                           f"{work}/")
+                self.rsync([f"{self.host}:{remote_work}/./{newest}/{resume.COMPLETE}"], f"{work}/", "--relative")
+                break
+            except SyncError as err:
+                if err.code not in (23, 24) or attempt == tries - 1:
+                    raise
+        print(f"{newest} is home", flush=True)
+        self.newest_home = newest
+        for old in work.glob("checkpoint-*"):
+            if old.name != newest:
+                shutil.rmtree(old)
 
     def pull(self, paths: list[str]) -> None:
         self.rsync([f"{self.host}:{self.dir}/./{p}" for p in paths], "./", "--relative", "--delete")

@@ -27,7 +27,7 @@ from burstrl.policy import file_sha256
 
 ROOT = Path("build/resume")
 COMPLETE = "burstrl-complete.json"
-_CHECKPOINT = re.compile(r"checkpoint-(\d+)")
+CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 
 
 def code_hash(stage: str, pipeline: Path = Path("dvc.yaml")) -> str:
@@ -98,7 +98,7 @@ class Shards:
 
 def checkpoints(work: Path) -> list[tuple[int, Path]]:
     """The train stage's complete checkpoints in `work` (those holding COMPLETE), oldest first."""
-    found = [(int(m[1]), p) for p in work.glob("checkpoint-*") if (m := _CHECKPOINT.fullmatch(p.name))]
+    found = [(int(m[1]), p) for p in work.glob("checkpoint-*") if (m := CHECKPOINT.fullmatch(p.name))]
     return sorted((step, p) for step, p in found if (p / COMPLETE).is_file())
 
 

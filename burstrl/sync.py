@@ -25,7 +25,9 @@ from burstrl.policy import file_hashes
 
 
 class SyncError(RuntimeError):
-    pass
+    def __init__(self, message: str, code: int | None = None):
+        super().__init__(message)
+        self.code = code  # rsync's exit status, where rsync failed
 
 
 @dataclass

