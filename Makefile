@@ -24,7 +24,7 @@ $(VENV)/.installed-$(EXTRA): pyproject.toml
 
 setup: $(VENV)/.installed-$(EXTRA)
 
-# llm-compressor for `sync.quantize` (burstrl/quantize.py), apart from vLLM, whose pins exclude its own.
+# llm-compressor for `sync.quantize` (burstrl/inference/quantize.py), apart from vLLM, whose pins exclude its own.
 QVENV := .venv-quantize
 $(QVENV)/.installed: pyproject.toml
 	python3 -m venv $(QVENV)
@@ -52,28 +52,28 @@ repro: setup
 	dvc repro
 
 iterate: setup
-	python -m burstrl.iterations add --lag $(LAG)
+	python -m burstrl iterations add --lag $(LAG)
 	dvc repro
-	python -m burstrl.report
+	python -m burstrl report
 
 report:
-	python -m burstrl.report
+	python -m burstrl report
 
 # Each iteration's stages: done, partial (an interrupted run's progress) or pending.
 status:
-	python -m burstrl.status
+	python -m burstrl status
 
 # A burst of training on a rented H200 (docs/burst-training.md): HOURS=N shortens the session's limit.
 rent-h200: setup
-	python -m burstrl.rent $(if $(HOURS),--hours $(HOURS))
+	python -m burstrl rent $(if $(HOURS),--hours $(HOURS))
 
 # What rent-h200 would run and cost, renting nothing.
 rent-plan: setup
-	python -m burstrl.rent --dry-run $(if $(HOURS),--hours $(HOURS))
+	python -m burstrl rent --dry-run $(if $(HOURS),--hours $(HOURS))
 
 # Terminate every pod this project started that is still running.
 reap: setup
-	python -m burstrl.rent reap
+	python -m burstrl rent reap
 
 # Benchmarks against the alternatives (docs/benchmarks.md): ratios on stdout, details in build/bench/.
 bench: setup system

@@ -20,8 +20,8 @@ from bench.generation import device, hf_generate, prompts_of, raw_vllm
 from bench.pipeline import memory, overhead, plain_rsync
 from bench.training import colocated_trl, floor, mfu
 from bench.watch import watch
-from burstrl import workspace
 from burstrl.config import load_config
+from burstrl.pipeline import workspace
 
 SIZES = yaml.safe_load((Path(__file__).parent / "sizes.yaml").read_text())
 OUT = workspace.REPO / "build" / "bench"

@@ -9,8 +9,8 @@ import pyarrow.parquet as pq
 import torch
 from transformers import AutoModelForCausalLM
 
-from burstrl import engine
 from burstrl.config import Config
+from burstrl.inference import engine
 
 
 def prompts_of(rollouts: Path) -> tuple[list[list[int]], list[int]]:

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from bench.watch import Watched, watch
-from burstrl.contract import ROLLOUT_FIELDS, SCORED_FIELDS, WEIGHT_FIELDS, read_rollouts, read_scored, write_table
+from burstrl.data.contract import ROLLOUT_FIELDS, SCORED_FIELDS, WEIGHT_FIELDS, read_rollouts, read_scored, write_table
 
 
 def parquet_seconds(ws: Path, iteration: str) -> float:

@@ -13,8 +13,8 @@ from trl import GRPOConfig, GRPOTrainer
 
 from bench.generation import device
 from burstrl.config import Config
-from burstrl.contract import read_task
-from burstrl.rewards import resolve
+from burstrl.data.contract import read_task
+from burstrl.rl.rewards import resolve
 
 # Dense bf16 peak FLOP/s of GPUs the seed plans for, by a substring of torch's device name.
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "RTX 4070": 58e12, "MI50": 26.5e12}

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from burstrl.errors import ConfigError
+
 # The choices of the enumerated params; the modules that implement them import these.
 BASELINES = ("group_mean", "leave_one_out")
 SCALES = ("group", "batch", "none")
@@ -18,10 +20,6 @@ LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 STRATEGIES = ("ddp", "fsdp", "deepspeed_zero2", "deepspeed_zero3")
 PROVIDERS = ("runpod", "static")
 QUANTIZATIONS = ("none", "gptq")
-
-
-class ConfigError(ValueError):
-    """Params that cannot work; the message names the params file and key."""
 
 
 @dataclass
@@ -76,14 +74,15 @@ class InferenceConfig:
 
 @dataclass
 class ServersConfig:
-    """OpenAI-compatible `vllm serve` endpoints on the inference boxes (burstrl.servers; `python -m burstrl.serve`
-    runs one). Empty lists keep the offline engine. Which box answers changes no result, so no stage tracks it."""
+    """OpenAI-compatible `vllm serve` endpoints on the inference boxes (burstrl.inference.client; `python -m burstrl
+    serve` runs one). Empty lists keep the offline engine. Which box answers changes no result, so no stage
+    tracks it."""
     policy: list[str] = field(default_factory=list)
     """Base URLs (http://host:port) serving the rollout policy to generate; prompts are sharded across them."""
     reference: list[str] = field(default_factory=list)
     """Base URLs serving the frozen reference (checkpoints/000) to score's KL logprobs."""
     reward: list[str] = field(default_factory=list)
-    """Base URLs serving the judge model of burstrl.rewards.judge (score.judge)."""
+    """Base URLs serving the judge model of burstrl.rl.rewards.judge (score.judge)."""
     concurrency: int = 16
     """Requests in flight per endpoint."""
     request_timeout_seconds: float = 600.0
@@ -111,7 +110,7 @@ class GenerateConfig:
 @dataclass
 class JudgeConfig:
     model: str = ""
-    """Served model name of the judge behind servers.reward; empty: burstrl.rewards.judge is not available."""
+    """Served model name of the judge behind servers.reward; empty: burstrl.rl.rewards.judge is not available."""
     template: str = "{prompt}{completion}"
     """Judge prompt, formatted with the row's prompt, completion and task columns."""
     right: str = " yes"
@@ -123,7 +122,7 @@ class JudgeConfig:
 @dataclass
 class ScoreConfig:
     reward_funcs: list[str] = field(
-        default_factory=lambda: ["burstrl.rewards.exact_match", "burstrl.rewards.digit_match"]
+        default_factory=lambda: ["burstrl.rl.rewards.exact_match", "burstrl.rl.rewards.digit_match"]
     )
     """Dotted names of reward functions with TRL's signature fn(prompts, completions, completion_ids, **columns)."""
     reward_weights: list[float] = field(default_factory=lambda: [1.0, 1.0])
@@ -136,7 +135,7 @@ class ScoreConfig:
     scale_rewards: str = "group"
     """Divide centred rewards by the group's std ("group", GRPO), the batch's ("batch") or not ("none", Dr. GRPO)."""
     judge: JudgeConfig = field(default_factory=JudgeConfig)
-    """A model served with vLLM as a reward function (burstrl.rewards.judge), beside rule-based verifiers."""
+    """A model served with vLLM as a reward function (burstrl.rl.rewards.judge), beside rule-based verifiers."""
 
 
 @dataclass
@@ -193,7 +192,8 @@ class SyncConfig:
     ssh_command: str = "ssh -o BatchMode=yes"
     """The remote shell rsync uses; keys come from the SSH agent or ~/.ssh, never from params."""
     quantize: str = "none"
-    """Ship GPTQ W4A16 weights (llm-compressor, burstrl.quantize) instead of the checkpoint: "gptq", or "none"."""
+    """Ship GPTQ W4A16 weights (llm-compressor, burstrl.inference.quantize) instead of the checkpoint: "gptq" or
+    "none"."""
     quantize_python: str = ".venv-quantize/bin/python"
     """Interpreter of the environment with llm-compressor (`make setup-quantize`), kept apart from vLLM's pins."""
     calibration_prompts: int = 64
@@ -229,7 +229,7 @@ class ResumeConfig:
 
 @dataclass
 class LaunchConfig:
-    """How the train stage's processes start (burstrl.launch). The global batch stays train.batch_size for any
+    """How the train stage's processes start (burstrl.training.launch). The global batch stays train.batch_size for any
     process count, so no stage tracks this section: renting eight GPUs instead of one re-runs nothing."""
     processes: int = 1
     """Training processes, one per GPU; 1 runs in the stage's own process, 0 means one per visible GPU."""
@@ -270,7 +270,7 @@ class StaticConfig:
 
 @dataclass
 class RentConfig:
-    """A burst on a rented GPU (`make rent-h200`, burstrl.rent). It decides where and how long training runs,
+    """A burst on a rented GPU (`make rent-h200`, burstrl.remote.rent). It decides where and how long training runs,
     never what it computes, so no stage tracks it."""
     provider: str = "runpod"
     """"runpod" rents a pod per session; "static" uses rent.static.host."""
@@ -367,8 +367,8 @@ def load_config(path: Path | str = "params.yaml") -> Config:
         for url in getattr(cfg.servers, role):
             if not url.startswith(("http://", "https://")):
                 raise ConfigError(f"{path}: servers.{role}: '{url}' is not a base URL (http://host:port)")
-    if "burstrl.rewards.judge" in cfg.score.reward_funcs and not (cfg.score.judge.model and cfg.servers.reward):
-        raise ConfigError(f"{path}: score.reward_funcs has burstrl.rewards.judge: it needs score.judge.model and "
+    if "burstrl.rl.rewards.judge" in cfg.score.reward_funcs and not (cfg.score.judge.model and cfg.servers.reward):
+        raise ConfigError(f"{path}: score.reward_funcs has burstrl.rl.rewards.judge: it needs score.judge.model and "
                           "servers.reward (the judge's served name and endpoints)")
     if cfg.servers.concurrency < 1:
         raise ConfigError(f"{path}: servers.concurrency must be >= 1")

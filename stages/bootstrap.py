@@ -9,13 +9,14 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from burstrl import engine
-from burstrl.contract import read_task
-from burstrl.evaluate import heldout_accuracy
-from burstrl.policy import publish_policy, staging_dir
-from burstrl.sft import encode_pairs, supervised_finetune
-from burstrl.stage import finish, parse, stage, write_json
-from burstrl.tinymodel import build_model, build_tokenizer, save_policy
+from burstrl.atomic import staging_dir, write_json
+from burstrl.data.contract import read_task
+from burstrl.data.policy import publish_policy
+from burstrl.inference import engine
+from burstrl.pipeline.stage import finish, parse, stage
+from burstrl.rl.evaluate import heldout_accuracy
+from burstrl.training.sft import encode_pairs, supervised_finetune
+from burstrl.training.tinymodel import build_model, build_tokenizer, save_policy
 
 OUT = Path("checkpoints/000")
 

@@ -4,11 +4,12 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from burstrl import engine
-from burstrl.contract import read_task
-from burstrl.evaluate import heldout_accuracy
-from burstrl.policy import read_metadata
-from burstrl.stage import finish, parse, stage, write_json
+from burstrl.atomic import write_json
+from burstrl.data.contract import read_task
+from burstrl.data.policy import read_metadata
+from burstrl.inference import engine
+from burstrl.pipeline.stage import finish, parse, stage
+from burstrl.rl.evaluate import heldout_accuracy
 
 if __name__ == "__main__":
     args, cfg = parse(__doc__, "iteration")

@@ -1,8 +1,8 @@
 """generate ITER PARENT: sample G completions per prompt from checkpoints/PARENT into data/rollouts/ITER.parquet.
 
-With servers.policy set, the completions come from those vLLM servers (burstrl.servers), which must serve
+With servers.policy set, the completions come from those vLLM servers (burstrl.inference.client), which must serve
 PARENT; a server of quantized weights names its variant, which goes into `sampler_weights`. With --weights DIR
-the offline sampler runs DIR instead, a copy of PARENT with changed weights (see burstrl.policy.mark_derived):
+the offline sampler runs DIR instead, a copy of PARENT with changed weights (see burstrl.data.policy.mark_derived):
 rows keep PARENT's version and hash and name DIR's variant in `sampler_weights`.
 Prompts are sampled in shards of resume.shard_prompts; a killed run keeps its finished shards (docs/resume.md).
 """
@@ -15,13 +15,14 @@ from pathlib import Path
 import pyarrow as pa
 from transformers import AutoTokenizer
 
-from burstrl import engine, faults, servers
-from burstrl.config import ConfigError
-from burstrl.contract import ROLLOUT_FIELDS, read_rollouts, read_task, write_table
-from burstrl.policy import content_hash, file_sha256, policy_name, read_metadata, read_variant
-from burstrl.resume import Shards, WorkDir
-from burstrl.stage import finish, parse, stage, write_json
-from burstrl.task import check_fits, draw_prompts
+from burstrl.atomic import write_json
+from burstrl.data.contract import ROLLOUT_FIELDS, read_rollouts, read_task, write_table
+from burstrl.data.policy import content_hash, file_sha256, policy_name, read_metadata, read_variant
+from burstrl.data.task import check_fits, draw_prompts
+from burstrl.errors import ConfigError
+from burstrl.inference import client, engine
+from burstrl.pipeline.resume import Shards, WorkDir
+from burstrl.pipeline.stage import finish, parse, stage
 
 
 def rollout_table(prompts: pa.Table, prompt_ids, seeds, groups, stamp: dict) -> pa.Table:
@@ -72,7 +73,7 @@ if __name__ == "__main__":
         }
         timing = {"engine_start_seconds": 0.0, "generation_seconds": 0.0}
         with ExitStack() as stack:
-            pool = (stack.enter_context(servers.connected(cfg.servers.policy, policy_name(meta), cfg.servers, "policy"))
+            pool = (stack.enter_context(client.connected(cfg.servers.policy, policy_name(meta), cfg.servers, "policy"))
                     if cfg.servers.policy else None)
             variant = pool.variant if pool else variant
             stamp = {"policy_version": meta["policy_version"], "policy_hash": meta["content_hash"],
@@ -81,26 +82,24 @@ if __name__ == "__main__":
             # Shards of other weights (a quantized server after a full-precision one) never mix in one file.
             work = WorkDir("generate", args.iteration, {**shard_key, "sampler_weights": variant})
             shards = Shards(work, len(prompt_ids), cfg.resume.shard_prompts)
-            pending = shards.pending()
-            if len(pending) < len(shards.bounds):
-                print(f"generate {args.iteration}: resuming: {len(shards.bounds) - len(pending)}/"
-                      f"{len(shards.bounds)} shards saved by an interrupted run")
-            if pending:
+
+            def start_engine():
                 started = time.monotonic()
                 sampler = pool or stack.enter_context(engine.offline(weights, cfg.inference, cfg.model.max_len,
                                                                      cfg.seed))
                 timing["engine_start_seconds"] = time.monotonic() - started
-            for k in pending:
-                lo, hi = shards.bounds[k]
+                return sampler
+
+            def sample(sampler, lo: int, hi: int) -> pa.Table:
                 started = time.monotonic()
                 groups = sampler.sample(prompt_ids[lo:hi], seeds[lo:hi], n=g.num_generations,
                                         temperature=g.temperature, top_p=g.top_p, max_tokens=g.max_tokens,
                                         min_tokens=g.min_tokens)
                 timing["generation_seconds"] += time.monotonic() - started
-                faults.point("generate_shard")
-                shards.save(k, rollout_table(prompts.slice(lo, hi - lo), prompt_ids[lo:hi], seeds[lo:hi], groups,
-                                             stamp))
-        write_table(shards.load(), ROLLOUT_FIELDS, out)
+                return rollout_table(prompts.slice(lo, hi - lo), prompt_ids[lo:hi], seeds[lo:hi], groups, stamp)
+
+            rollouts = shards.fill(sample, start_engine, "generate_shard")
+        write_table(rollouts, ROLLOUT_FIELDS, out)
         table = read_rollouts(out)
         lengths = [len(ids) for ids in table["completion_ids"].to_pylist()]
         n = len(lengths)
@@ -110,7 +109,7 @@ if __name__ == "__main__":
             "truncated": table["finish_reason"].to_pylist().count("length"),
             "generated_tokens": sum(lengths),
             "shards": len(shards.bounds),
-            "shards_resumed": len(shards.bounds) - len(pending),
+            "shards_resumed": shards.resumed,
             **{key: round(value, 3) for key, value in timing.items()},
             **({"servers": pool.stats()} if pool else {}),
         })

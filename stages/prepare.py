@@ -2,9 +2,9 @@
 
 from pathlib import Path
 
-from burstrl.contract import write_parquet
-from burstrl.stage import parse, stage
-from burstrl.task import load_task
+from burstrl.atomic import write_parquet
+from burstrl.data.task import load_task
+from burstrl.pipeline.stage import parse, stage
 
 if __name__ == "__main__":
     args, cfg = parse(__doc__)

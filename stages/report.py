@@ -2,17 +2,18 @@
 
 Writes report/history.json (one row per policy version; `dvc plots show` draws it), report/summary.json
 (a few numbers per run, for `dvc metrics diff` and `dvc exp show`) and report/index.html (the charts,
-offline). `python -m burstrl.report` prints the same history as a table.
+offline). `python -m burstrl report` prints the same history as a table.
 """
 
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from burstrl import iterations
-from burstrl.history import collect, summary
-from burstrl.htmlreport import render
-from burstrl.stage import parse, stage, write_json, write_text
+from burstrl.atomic import write_json, write_text
+from burstrl.pipeline import iterations
+from burstrl.pipeline.stage import parse, stage
+from burstrl.reporting.charts import render
+from burstrl.reporting.history import collect, summary
 
 if __name__ == "__main__":
     args, cfg = parse(__doc__)

@@ -4,7 +4,7 @@ The reference is the frozen bootstrap policy (checkpoints/000), run in vLLM over
 ids with prompt_logprobs, so its logprobs line up token for token with the sampled completion. With
 train.beta = 0 there is no KL term, so the reference is not run and `ref_logprobs` is null. The reference
 pass runs in shards of resume.shard_prompts groups' rows; a killed run keeps its finished shards. With
-servers.reference set it runs on those vLLM servers (burstrl.servers), which must serve checkpoints/000.
+servers.reference set it runs on those vLLM servers (burstrl.inference.client), which must serve checkpoints/000.
 Rewards are recomputed on every run: rule-based verifiers take milliseconds, a served judge (score.judge,
 servers.reward) seconds.
 """
@@ -15,14 +15,15 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from burstrl import engine, faults, servers
-from burstrl.advantages import group_advantages, zero_variance_groups
-from burstrl.contract import ROLLOUT_FIELDS, SCORED_FIELDS, check_tokens, read_rollouts, write_table
-from burstrl.judge import Judge
-from burstrl.policy import file_sha256, policy_name, read_metadata
-from burstrl.resume import Shards, WorkDir
-from burstrl.rewards import score_table
-from burstrl.stage import finish, parse, stage, write_json
+from burstrl.atomic import write_json
+from burstrl.data.contract import ROLLOUT_FIELDS, SCORED_FIELDS, check_tokens, read_rollouts, write_table
+from burstrl.data.policy import file_sha256, policy_name, read_metadata
+from burstrl.inference import client, engine
+from burstrl.inference.judge import Judge
+from burstrl.pipeline.resume import Shards, WorkDir
+from burstrl.pipeline.stage import finish, parse, stage
+from burstrl.rl.advantages import group_advantages, zero_variance_groups
+from burstrl.rl.rewards import score_table
 
 REFERENCE = Path("checkpoints/000")
 
@@ -37,8 +38,8 @@ if __name__ == "__main__":
         task_columns = [c for c in rollouts.column_names if c not in contract]
         with ExitStack() as stack:
             extra, judge_pool = {}, None
-            if "burstrl.rewards.judge" in s.reward_funcs:
-                judge_pool = stack.enter_context(servers.connected(cfg.servers.reward, s.judge.model, cfg.servers,
+            if "burstrl.rl.rewards.judge" in s.reward_funcs:
+                judge_pool = stack.enter_context(client.connected(cfg.servers.reward, s.judge.model, cfg.servers,
                                                                    "reward"))
                 extra["judge"] = Judge(judge_pool, s.judge)
             per_function, rewards = score_table(s.reward_funcs, s.reward_weights, source, rollouts, task_columns,
@@ -56,27 +57,25 @@ if __name__ == "__main__":
                 "max_len": cfg.model.max_len, "inference": asdict(cfg.inference),
                 "shard_prompts": cfg.resume.shard_prompts,
             })
-            shards = Shards(work, len(rollouts), cfg.resume.shard_prompts * cfg.generate.num_generations)
-            pending = shards.pending()
-            shards_resumed = len(shards.bounds) - len(pending)
-            if shards_resumed:
-                print(f"score {args.iteration}: resuming: {shards_resumed}/{len(shards.bounds)} reference shards "
-                      "saved by an interrupted run")
+            shards = Shards(work, len(rollouts), cfg.resume.shard_prompts * cfg.generate.num_generations,
+                            what="reference shards")
             with ExitStack() as stack:
-                if pending and cfg.servers.reference:
-                    # The KL term is against the reference itself: a server of quantized weights of it is refused.
-                    reference_pool = stack.enter_context(servers.connected(
-                        cfg.servers.reference, policy_name(reference), cfg.servers, "reference", derived=False))
-                    sampler = reference_pool
-                elif pending:
-                    sampler = stack.enter_context(engine.offline(REFERENCE, cfg.inference, cfg.model.max_len,
-                                                                 cfg.seed))
-                for k in pending:
-                    part = rollouts.slice(shards.bounds[k][0], shards.bounds[k][1] - shards.bounds[k][0])
+
+                def start_reference():
+                    if cfg.servers.reference:
+                        # The KL term is against the reference itself: a server of its quantized weights is refused.
+                        return stack.enter_context(client.connected(
+                            cfg.servers.reference, policy_name(reference), cfg.servers, "reference", derived=False))
+                    return stack.enter_context(engine.offline(REFERENCE, cfg.inference, cfg.model.max_len, cfg.seed))
+
+                def reference_logprobs(sampler, lo: int, hi: int) -> pa.Table:
+                    part = rollouts.slice(lo, hi - lo)
                     ref = sampler.token_logprobs(part["prompt_ids"].to_pylist(), part["completion_ids"].to_pylist())
-                    faults.point("score_shard")
-                    shards.save(k, pa.table({"ref_logprobs": pa.array(ref, pa.list_(pa.float32()))}))
-            ref_column = shards.load()["ref_logprobs"]
+                    return pa.table({"ref_logprobs": pa.array(ref, pa.list_(pa.float32()))})
+
+                ref_column = shards.fill(reference_logprobs, start_reference, "score_shard")["ref_logprobs"]
+            shards_resumed = shards.resumed
+            reference_pool = shards.started if cfg.servers.reference else None
         else:
             print("score: train.beta is 0, so no KL term: skipping reference logprobs (ref_logprobs is null)")
             work = None

@@ -1,6 +1,6 @@
 """sync ITER: rsync checkpoints/ITER to every inference target, verify, publish atomically, write a receipt.
 
-With sync.quantize set, the targets get GPTQ W4A16 weights of the checkpoint instead (burstrl.quantize), in
+With sync.quantize set, the targets get GPTQ W4A16 weights of the checkpoint instead (burstrl.inference.quantize), in
 inference.dtype, calibrated on the first sync.calibration_prompts task prompts with their answers; a server of
 them names the variant (`w4a16-gptq-<hash8>`), so the rollouts it samples record it in `sampler_weights`.
 """
@@ -10,11 +10,12 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from burstrl.contract import read_task
-from burstrl.policy import read_metadata
-from burstrl.quantize import quantized_copy
-from burstrl.stage import parse, stage, write_json
-from burstrl.sync import sync_checkpoint
+from burstrl.atomic import write_json
+from burstrl.data.contract import read_task
+from burstrl.data.policy import read_metadata
+from burstrl.inference.quantize import quantized_copy
+from burstrl.pipeline.stage import parse, stage
+from burstrl.remote.sync import sync_checkpoint
 
 if __name__ == "__main__":
     args, cfg = parse(__doc__, "iteration")

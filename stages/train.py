@@ -4,7 +4,7 @@ Also writes data/weights/ITER.parquet (each row's staleness, whether the loss us
 proximal logprobs and importance weights) and metrics/train/ITER.json. Resumable (docs/resume.md): it saves
 checkpoints into build/resume/train/ITER and continues from the newest; before a deadline it saves, stops
 and exits with status 75 (partial), and the next `dvc repro` continues it. With BURSTRL_TRAIN_HOST set it
-runs on that host over SSH and brings the outputs back (burstrl.remote).
+runs on that host over SSH and brings the outputs back (burstrl.remote.train_host).
 """
 
 import datetime
@@ -21,14 +21,16 @@ from dvclive import Live
 from dvclive.utils import standardize_metric_name
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from burstrl import launch, remote, resume, trainstate
-from burstrl.batch import check_batch, select_rows, staleness
-from burstrl.contract import WEIGHT_FIELDS, check_tokens, read_scored, write_table
-from burstrl.policy import file_sha256, publish_policy, read_metadata, staging_dir
-from burstrl.stage import close_log, parse, stage, write_json
-from burstrl.trainer import RolloutGRPOTrainer, grpo_config
-
-PARTIAL = 75  # EX_TEMPFAIL: stopped on purpose with a checkpoint; run again to continue
+from burstrl.atomic import temporary, write_json
+from burstrl.data.contract import WEIGHT_FIELDS, check_tokens, read_scored, write_table
+from burstrl.data.policy import file_sha256, publish_policy, read_metadata, staging_dir
+from burstrl.errors import PARTIAL
+from burstrl.pipeline import resume
+from burstrl.pipeline.stage import close_log, parse, stage
+from burstrl.remote.train_host import train_host
+from burstrl.rl.selection import check_batch, select_rows, staleness
+from burstrl.training import launch, trainstate
+from burstrl.training.trainer import RolloutGRPOTrainer, grpo_config
 
 
 def mean_of(history: list[dict], key: str) -> float | None:
@@ -59,7 +61,7 @@ if __name__ == "__main__":
     if os.environ.get("BURSTRL_TRAIN_HOST"):
         with stage("train", metrics):
             deadline = resume.deadline(cfg.resume.deadline, started=psutil.Process().create_time())
-            status = remote.run_train(os.environ["BURSTRL_TRAIN_HOST"], cfg.sync.ssh_command, args.iteration,
+            status = train_host.run_train(os.environ["BURSTRL_TRAIN_HOST"], cfg.sync.ssh_command, args.iteration,
                                       args.parent, args.params, deadline, cfg.resume.pull_every_seconds)
         close_log()
         sys.exit(status)
@@ -146,7 +148,7 @@ if __name__ == "__main__":
         # Collectives first, on every rank: the row report's shares, then the weights (sharded under FSDP).
         report = trainer.full_row_report(list(zip(table["prompt_id"].to_pylist(), table["sample_index"].to_pylist(),
                                                   strict=True)))
-        tmp = staging_dir(out) if main else out.with_name(f".{out.name}.tmp")
+        tmp = staging_dir(out) if main else temporary(out)
         trainer.accelerator.wait_for_everyone()
         trainer.save_model(str(tmp))  # writes on the main process only, the tokenizer with the weights
         if not main:

@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 import torch
 
-from burstrl import workspace
-from burstrl.contract import ROLLOUT_FIELDS
+from burstrl.data.contract import ROLLOUT_FIELDS
+from burstrl.pipeline import workspace
 
 REPO = workspace.REPO
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ... under `pytest -n`; empty in one process

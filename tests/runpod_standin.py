@@ -1,4 +1,4 @@
-"""A stand-in for RunPod's GraphQL API on 127.0.0.1 that records every call, for tests of burstrl.providers.
+"""A stand-in for RunPod's GraphQL API on 127.0.0.1 that records every call, for tests of burstrl.remote.providers.
 
 It answers the operations the RunPod SDK sends (GPU lookup, create, get, list, terminate) from an in-memory
 pod table, reports every pod's SSH port as `ssh_port` on 127.0.0.1 (the tests' sshd), and can inject the

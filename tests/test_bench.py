@@ -11,7 +11,7 @@ import yaml
 from bench.__main__ import ratios, verdicts
 from bench.pipeline import tiled
 from bench.watch import stage_key, watch
-from burstrl import workspace
+from burstrl.pipeline import workspace
 
 
 @pytest.mark.parametrize(("cmdline", "key"), [

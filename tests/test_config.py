@@ -7,7 +7,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError
 
-from burstrl.config import Config, ConfigError, load_config
+from burstrl.config import Config, load_config
+from burstrl.errors import ConfigError
 
 
 def test_params_yaml_equals_hydra_composition_of_conf():
@@ -47,8 +48,8 @@ def test_params_yaml_loads_into_typed_config(tmp_path):
     ({"sync": {"quantize": "gptq"}}, "set inference.dtype to float16 or bfloat16, not float32"),
     ({"sync": {"quantize": "awq"}}, "sync.quantize is 'awq', expected one of none, gptq"),
     ({"servers": {"policy": ["mi50-a:8000"]}}, "servers.policy: 'mi50-a:8000' is not a base URL"),
-    ({"score": {"reward_funcs": ["burstrl.rewards.judge"], "reward_weights": [1.0], "judge": {"model": "v"}}},
-     "burstrl.rewards.judge: it needs score.judge.model and servers.reward"),
+    ({"score": {"reward_funcs": ["burstrl.rl.rewards.judge"], "reward_weights": [1.0], "judge": {"model": "v"}}},
+     "burstrl.rl.rewards.judge: it needs score.judge.model and servers.reward"),
     ({"servers": {"wait_seconds": 0}}, "servers.wait_seconds must be > 0"),
 ])
 def test_bad_params_are_named(tmp_path, change, message):

@@ -8,17 +8,17 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import as_table, rollout_rows
 
-from burstrl.contract import (
+from burstrl.data.contract import (
     ROLLOUT_FIELDS,
     SCORED_FIELDS,
     TASK_FIELDS,
-    ContractError,
     check_tokens,
     read_rollouts,
     read_scored,
     read_task,
     write_table,
 )
+from burstrl.errors import ContractError
 
 
 def write(tmp_path, rows, fields=ROLLOUT_FIELDS, name="r.parquet"):

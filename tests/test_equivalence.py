@@ -14,11 +14,11 @@ import torch
 from conftest import completion_logprobs
 from trl import GRPOConfig, GRPOTrainer
 
-from burstrl.advantages import group_advantages
 from burstrl.config import TrainConfig
-from burstrl.contract import SCORED_FIELDS
-from burstrl.tinymodel import build_model, build_tokenizer
-from burstrl.trainer import RolloutGRPOTrainer, grpo_config
+from burstrl.data.contract import SCORED_FIELDS
+from burstrl.rl.advantages import group_advantages
+from burstrl.training.tinymodel import build_model, build_tokenizer
+from burstrl.training.trainer import RolloutGRPOTrainer, grpo_config
 
 PROMPTS = ["12+30=", "7+8="]
 G, MAX_TOKENS, BETA = 4, 4, 0.05

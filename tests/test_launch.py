@@ -1,4 +1,4 @@
-"""burstrl.launch: the `accelerate launch` command for each strategy and how the global batch is split."""
+"""burstrl.training.launch: the `accelerate launch` command for each strategy and how the global batch is split."""
 
 import json
 import sys
@@ -10,8 +10,9 @@ from accelerate.commands.launch import launch_command_parser
 from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
 from conftest import clone, run
 
-from burstrl.config import ConfigError, LaunchConfig, TrainConfig
-from burstrl.launch import command, per_device_batch, world_size
+from burstrl.config import LaunchConfig, TrainConfig
+from burstrl.errors import ConfigError
+from burstrl.training.launch import command, per_device_batch, world_size
 
 GPU = TrainConfig(device="cuda", bf16=True)
 LAUNCHER = [sys.executable, "-m", "accelerate.commands.launch"]

@@ -7,10 +7,10 @@ import pytest
 import torch
 from conftest import as_table, rollout_rows
 
-from burstrl import objective
-from burstrl.batch import check_batch, select_rows, staleness
 from burstrl.config import TrainConfig
-from burstrl.contract import SCORED_FIELDS
+from burstrl.data.contract import SCORED_FIELDS
+from burstrl.rl import objective
+from burstrl.rl.selection import check_batch, select_rows, staleness
 
 LOG = math.log
 

@@ -18,7 +18,7 @@ from conftest import clone, completion_logprobs, run
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
-from burstrl.policy import mark_derived, read_metadata
+from burstrl.data.policy import mark_derived, read_metadata
 
 pytestmark = pytest.mark.slow
 

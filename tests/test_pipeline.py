@@ -18,8 +18,9 @@ import yaml
 from conftest import clone, run
 from safetensors.torch import load_file
 
-from burstrl.contract import ROLLOUT_FIELDS, SCORED_FIELDS, read_rollouts, read_scored, write_table
-from burstrl.policy import publish_policy, staging_dir
+from burstrl.atomic import staging_dir
+from burstrl.data.contract import ROLLOUT_FIELDS, SCORED_FIELDS, read_rollouts, read_scored, write_table
+from burstrl.data.policy import publish_policy
 
 pytestmark = pytest.mark.slow
 
@@ -82,7 +83,7 @@ def test_full_iteration_produces_contract_files_and_changes_weights(bootstrapped
     train = json.loads((root / "metrics/train/001.json").read_text())
     assert train["sampler_kl"] < 1e-3 and train["is_clipped_fraction"] == 0
     assert train["staleness"] == {"0": 32} and train["rows_kept"] == 32
-    report = run(["python", "-m", "burstrl.report"], root, env).stdout
+    report = run(["python", "-m", "burstrl", "report"], root, env).stdout
     assert report.splitlines()[0].split()[:3] == ["iter", "reward", "heldout_acc"]
     assert [line.split()[0] for line in report.splitlines()[1:]] == ["000", "001"]
 
@@ -104,7 +105,7 @@ def test_train_param_change_reruns_train_and_dependents_only(ws):
 
 def test_adding_a_lagged_iteration_runs_exactly_that_iteration_on_stale_rollouts(ws):
     root, env = ws
-    run(["python", "-m", "burstrl.iterations", "add", "--lag", "1"], root, env)  # 002: train 001, sample 000
+    run(["python", "-m", "burstrl", "iterations", "add", "--lag", "1"], root, env)  # 002: train 001, sample 000
     out = run(["dvc", "repro"], root, env).stdout
     assert ran_stages(out) == ["eval@002", "generate@002", "report", "score@002", "sync@002", "train@002"]
     assert "python stages/generate.py 002 000" in out
@@ -159,11 +160,11 @@ def test_group_of_one_stops_score(ws):
 def test_unknown_reward_function_stops_score(ws, tmp_path):
     root, env = ws
     params = yaml.safe_load((root / "params.yaml").read_text())
-    params["score"]["reward_funcs"] = ["burstrl.rewards.no_such_reward"]
+    params["score"]["reward_funcs"] = ["burstrl.rl.rewards.no_such_reward"]
     params["score"]["reward_weights"] = [1.0]
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(params))
     stage_fails(root, env, ["stages/score.py", "001", "--params", str(tmp_path / "p.yaml")],
-                "unknown reward function 'burstrl.rewards.no_such_reward'")
+                "unknown reward function 'burstrl.rl.rewards.no_such_reward'")
 
 
 def test_bad_params_stop_a_stage_with_one_line(ws, tmp_path):

@@ -6,17 +6,17 @@ import os
 
 import pytest
 
-from burstrl.contract import ContractError
-from burstrl.policy import (
+from burstrl.atomic import staging_dir
+from burstrl.data.policy import (
     check_policy_dir,
     content_hash,
     mark_derived,
     publish_policy,
     read_metadata,
     read_variant,
-    staging_dir,
 )
-from burstrl.sync import SyncError, Target, sync_checkpoint
+from burstrl.errors import ContractError, SyncError
+from burstrl.remote.sync import Target, sync_checkpoint
 
 
 def fake_policy(root, name="000", weights=b"w" * 1000, parent=None):

@@ -5,11 +5,11 @@ import math
 import pyarrow as pa
 import pytest
 
-from burstrl.advantages import group_advantages, zero_variance_groups
-from burstrl.iterations import load, save, with_next
-from burstrl.rewards import digit_match, exact_match, resolve, score_table, weighted_total
-from burstrl.task import addition_problems, check_fits, draw_prompts
-from burstrl.tinymodel import build_tokenizer
+from burstrl.data.task import addition_problems, check_fits, draw_prompts
+from burstrl.pipeline.iterations import load, save, with_next
+from burstrl.rl.advantages import group_advantages, zero_variance_groups
+from burstrl.rl.rewards import digit_match, exact_match, resolve, score_table, weighted_total
+from burstrl.training.tinymodel import build_tokenizer
 
 
 def test_group_advantages_scaled_matches_hand_computation():
@@ -49,9 +49,9 @@ def test_weighted_total_skips_none_like_trl():
 
 
 def test_resolve_known_and_unknown_names():
-    assert resolve("burstrl.rewards.exact_match") is exact_match
-    with pytest.raises(ValueError, match="unknown reward function 'burstrl.rewards.nope'"):
-        resolve("burstrl.rewards.nope")
+    assert resolve("burstrl.rl.rewards.exact_match") is exact_match
+    with pytest.raises(ValueError, match="unknown reward function 'burstrl.rl.rewards.nope'"):
+        resolve("burstrl.rl.rewards.nope")
     with pytest.raises(ValueError, match="cannot import module of 'nosuchpkg.f'"):
         resolve("nosuchpkg.f")
 
@@ -121,7 +121,7 @@ def test_zero_variance_groups_counts_groups_without_signal():
 def test_trl_builtin_reward_runs_unchanged_on_conversational_rows():
     table = pa.table({"prompt": ["1+1="] * 2, "completion": ["<think>so</think>2", "2"], "completion_ids": [[5], [5]],
                       "answer": ["2", "2"]})
-    per_function, totals = score_table(["trl.rewards.think_format_reward", "burstrl.rewards.exact_match"],
+    per_function, totals = score_table(["trl.rewards.think_format_reward", "burstrl.rl.rewards.exact_match"],
                                        [1.0, 0.5], "r.parquet", table, ["answer"], conversational=True)
     assert per_function[0] == [1.0, 0.0]
     assert totals == [1.0, 0.5]
@@ -129,8 +129,8 @@ def test_trl_builtin_reward_runs_unchanged_on_conversational_rows():
 
 def test_reward_function_errors_name_the_function():
     table = pa.table({"prompt": ["1+1="], "completion": ["2"], "completion_ids": [[5]]})
-    with pytest.raises(ValueError, match=r"r.parquet: reward function burstrl.rewards.exact_match failed"):
-        score_table(["burstrl.rewards.exact_match"], [1.0], "r.parquet", table, [])
+    with pytest.raises(ValueError, match=r"r.parquet: reward function burstrl.rl.rewards.exact_match failed"):
+        score_table(["burstrl.rl.rewards.exact_match"], [1.0], "r.parquet", table, [])
 
 
 def test_prompt_that_leaves_no_room_is_named():

@@ -13,7 +13,7 @@ from conftest import REPO, clone, completion_logprobs, run
 from test_serving import served_params, start_server, stop, wait_for
 from transformers import AutoModelForCausalLM
 
-from burstrl.policy import content_hash, policy_name, read_metadata
+from burstrl.data.policy import content_hash, policy_name, read_metadata
 
 pytestmark = pytest.mark.slow
 

@@ -69,7 +69,7 @@ def start(ws, params: str, *args, env=None) -> subprocess.Popen:
     # background would inherit SIGINT ignored. A handler here (not SIG_IGN) reaches the child as the default.
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        return subprocess.Popen(["python", "-m", "burstrl.rent", "--params", params, *args], cwd=ws["root"],
+        return subprocess.Popen(["python", "-m", "burstrl", "rent", "--params", params, *args], cwd=ws["root"],
                                 env={**ws["env"], **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, start_new_session=True)
     finally:

@@ -1,4 +1,4 @@
-"""The pure parts of burstrl.rent (what is ready to train, what a session costs) and its on-machine limit,
+"""The pure parts of burstrl.remote.rent (what is ready to train, what a session costs) and its on-machine limit,
 run by a real shell here."""
 
 import subprocess
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from burstrl.rent import disarm_in_place, estimate, guard_script, plan
+from burstrl.remote.rent import disarm_in_place, estimate, guard_script, plan
 
 ITERS = {"001": {"parent": "000", "sampler": "000"}, "002": {"parent": "001", "sampler": "000"},
          "003": {"parent": "002", "sampler": "002"}}

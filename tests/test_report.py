@@ -13,10 +13,11 @@ from conftest import REPO
 from PIL import Image
 
 from burstrl.config import CostConfig
-from burstrl.history import collect, summary
-from burstrl.htmlreport import COLORS, render
-from burstrl.inspect import choose, describe
-from burstrl.report import render as render_table
+from burstrl.pipeline.catalog import CHARTS, PLOTS
+from burstrl.reporting.charts import COLORS, render
+from burstrl.reporting.history import collect, summary
+from burstrl.reporting.rollouts import choose, describe
+from burstrl.reporting.table import render as render_table
 
 COST = CostConfig(train_usd_per_hour=3.6, inference_usd_per_hour=0.36)
 
@@ -32,8 +33,8 @@ def write_run(root, iterations=1):
     for i in range(1, iterations + 1):
         v = f"{i:03d}"
         put(root / f"metrics/generate/{v}.json", {"completion_length_mean": 3.0 + i, "seconds": 20})
-        put(root / f"metrics/score/{v}.json", {"reward_mean": 0.5 + 0.1 * i, "reward/burstrl.rewards.exact_match": 0.25,
-                                               "seconds": 30})
+        put(root / f"metrics/score/{v}.json", {"reward_mean": 0.5 + 0.1 * i,
+                                               "reward/burstrl.rl.rewards.exact_match": 0.25, "seconds": 30})
         put(root / f"metrics/train/{v}.json", {
             "kl": 0.01 * i, "sampler_kl": 0.002 * i, "entropy": 1.5, "is_weight_mean": 0.99, "seconds": 10,
             "staleness": {"0": 2, "1": 2}, "rows_kept": 3, "rows_dropped_stale": 1, "rows_dropped_zero_variance": 0,
@@ -49,9 +50,9 @@ def test_history_rows_and_cost_by_hand(tmp_path):
     assert [r["iteration"] for r in rows] == [0, 1]
     # bootstrap: 36 s of warm-up at the training GPU's $3.6/h
     assert rows[0]["heldout_accuracy"] == 0.3 and rows[0]["cost_usd"] == pytest.approx(0.036)
-    assert rows[0].keys() == rows[1].keys() and rows[0]["reward/burstrl.rewards.exact_match"] is None
+    assert rows[0].keys() == rows[1].keys() and rows[0]["reward/burstrl.rl.rewards.exact_match"] is None
     one = rows[1]
-    assert one["reward/burstrl.rewards.exact_match"] == 0.25 and one["staleness_mean"] == 0.5
+    assert one["reward/burstrl.rl.rewards.exact_match"] == 0.25 and one["staleness_mean"] == 0.5
     assert one["rows_dropped"] == 1
     # train 10 s at $3.6/h = $0.01; generate + score + eval + sync = 100 s at $0.36/h = $0.01
     assert one["cost_usd"] == pytest.approx(0.02) and one["cost_usd_total"] == pytest.approx(0.056)
@@ -91,9 +92,16 @@ def test_report_draws_every_chart_and_says_when_there_is_no_data(tmp_path):
     # The charts are those of `dvc plots show` (dvc.yaml's top-level plots) plus the running cost, in that order.
     plots = [next(iter(plot)) for plot in yaml.safe_load((REPO / "dvc.yaml").read_text())["plots"]]
     assert re.findall(r'<svg class="chart"[^>]*aria-label="([^"]*)"', page) == [*plots, "Cost so far (USD)"]
+
     assert "<polyline" in page
     assert "&quot;beta&quot;: 0.02" in page
     assert "no data yet" in render(rows[:1], summary(rows[:1]), {})
+
+
+def test_dvc_yaml_plots_are_the_catalogs():
+    declared = [(title, spec["y"]["report/history.json"]) for plot in yaml.safe_load((REPO / "dvc.yaml").read_text())
+                ["plots"] for title, spec in plot.items()]
+    assert declared == PLOTS and [title for title, _ in CHARTS] == [t for t, _ in PLOTS] + ["Cost so far (USD)"]
 
 
 def test_report_renders_in_headless_chromium(tmp_path):
@@ -122,7 +130,7 @@ def test_inspect_shows_each_token_with_its_weights():
            "finish_reason": "stop", "policy_version": "001", "sampler_weights": "checkpoint", "prompt": "1+1=",
            "completion": "2", "completion_ids": [7, 2], "sampler_logprobs": [-0.5, -0.25], "ref_logprobs": None}
     weights = {"staleness": 1, "keep": True, "proximal_logprobs": [-0.4, -0.2], "is_weights": [1.105, 1.051]}
-    text = describe(row, weights, ["burstrl.rewards.exact_match", "m.digit_match"], {7: "2", 2: "<eos>"}.get)
+    text = describe(row, weights, ["burstrl.rl.rewards.exact_match", "m.digit_match"], {7: "2", 2: "<eos>"}.get)
     lines = text.splitlines()
     assert "reward 1.500 (exact_match 1.0, digit_match 0.5), advantage +0.750" in lines[0]
     assert "staleness 1, used" in lines[0]
@@ -134,7 +142,7 @@ def test_inspect_shows_each_token_with_its_weights():
 
 
 def test_stage_output_also_goes_to_its_log_file(tmp_path):
-    script = ("import sys, subprocess; from burstrl.stage import parse; args, cfg = parse('d', 'iteration'); "
+    script = ("import sys, subprocess; from burstrl.pipeline.stage import parse; args, cfg = parse('d', 'iteration'); "
               "print('to stdout'); print('to stderr', file=sys.stderr); "
               "subprocess.run(['echo', 'from a child'])")
     done = subprocess.run([sys.executable, "-c", script, "007", "--params", str(REPO / "params.yaml")], cwd=tmp_path,

@@ -1,9 +1,9 @@
-"""Killed runs lose nothing: each stage is SIGKILLed at a named point (burstrl.faults), `dvc repro` runs again,
+"""Killed runs lose nothing: each stage is SIGKILLed at a named point (burstrl.pipeline.faults), `dvc repro` runs again,
 and the result equals that of an uninterrupted run of the same workspace.
 
 The workspace, a clone of the session's bootstrapped one, runs iteration 001 once uninterrupted (the reference).
 Each test then forces one stage to run again with BURSTRL_KILL_AT set, checks what the kill left (shards,
-checkpoints, `burstrl.status`), runs a plain `dvc repro`, and compares with the reference: the same rollout rows
+checkpoints, `burstrl status`), runs a plain `dvc repro`, and compares with the reference: the same rollout rows
 (no duplicate, none missing), the same scores, the same losses step by step and weights within TOLERANCE.
 """
 
@@ -64,7 +64,7 @@ def kill(ws, stage: str, point: str) -> None:
 
 
 def status(root, env) -> dict[str, dict]:
-    rows = json.loads(run(["python", "-m", "burstrl.status", "--json"], root, env).stdout)
+    rows = json.loads(run(["python", "-m", "burstrl", "status", "--json"], root, env).stdout)
     return {row["iteration"]: row for row in rows}
 
 

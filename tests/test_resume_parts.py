@@ -12,12 +12,12 @@ import time
 
 import pyarrow as pa
 import pytest
-import yaml
 from transformers import TrainerControl, TrainerState
 
-from burstrl import resume, status, trainstate
-from burstrl.config import ConfigError
-from burstrl.reaper import watch
+from burstrl.errors import ConfigError
+from burstrl.pipeline import resume, status
+from burstrl.pipeline.orphans import watch
+from burstrl.training import trainstate
 
 
 def test_deadline_is_seconds_after_start_or_an_iso_time_and_the_environment_wins(monkeypatch):
@@ -34,13 +34,14 @@ def test_deadline_is_seconds_after_start_or_an_iso_time_and_the_environment_wins
 
 
 def pipeline(root) -> None:
-    """A dvc.yaml whose generate and score stages depend on code.py and whose report depends on other.py."""
-    (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": {
-        "generate": {"foreach": ["001"], "do": {"cmd": "x", "deps": ["code.py", "data.parquet"]}},
-        "score": {"foreach": ["001"], "do": {"cmd": "x", "deps": ["code.py"]}},
-        "report": {"cmd": "x", "deps": ["other.py"]}}}))
-    (root / "code.py").write_text("v = 1\n")
-    (root / "other.py").write_text("v = 1\n")
+    """Stage scripts for generate and score that import burstrl/code.py, and burstrl/other.py that none imports."""
+    for stage in ("generate", "score"):
+        (root / "stages").mkdir(exist_ok=True)
+        (root / "stages" / f"{stage}.py").write_text("from burstrl import code\n")
+    (root / "burstrl").mkdir()
+    (root / "burstrl/__init__.py").write_text("")
+    (root / "burstrl/code.py").write_text("v = 1\n")
+    (root / "burstrl/other.py").write_text("v = 1\n")
 
 
 def test_work_directory_keeps_progress_for_the_same_inputs_and_code_only(tmp_path, monkeypatch, capsys):
@@ -54,9 +55,9 @@ def test_work_directory_keeps_progress_for_the_same_inputs_and_code_only(tmp_pat
     assert "generate 001: discarding saved progress in build/resume/generate/001" in capsys.readouterr().out
     assert [p.name for p in again.path.iterdir()] == ["inputs.json"]
     (again.path / "shard-00000-of-00002.parquet").write_text("x")
-    (tmp_path / "other.py").write_text("v = 2\n")  # code the stage does not run
+    (tmp_path / "burstrl/other.py").write_text("v = 2\n")  # code the stage does not run
     assert (resume.WorkDir("generate", "001", {"policy": "abd"}).path / "shard-00000-of-00002.parquet").exists()
-    (tmp_path / "code.py").write_text("v = 2\n")
+    (tmp_path / "burstrl/code.py").write_text("v = 2\n")
     assert not (resume.WorkDir("generate", "001", {"policy": "abd"}).path / "shard-00000-of-00002.parquet").exists()
     assert "made from other inputs or code" in capsys.readouterr().out
     again.finish()
@@ -81,6 +82,31 @@ def test_shards_cover_the_rows_once_and_an_unreadable_one_is_redone(tmp_path, mo
         shards.save(k, pa.table({"row": list(range(lo, hi))}))
     assert shards.load()["row"].to_pylist() == list(range(10))
     assert status.progress("score", "002", tmp_path) == "3/3 shards"
+
+
+def test_the_shard_loop_starts_its_worker_only_for_missing_shards_and_resumes_the_rest(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    pipeline(tmp_path)
+    monkeypatch.delenv("BURSTRL_KILL_AT", raising=False)
+    started, computed = [], []
+
+    def start():
+        started.append(1)
+        return 100  # the worker: computes row + 100
+
+    def compute(worker, lo, hi):
+        computed.append((lo, hi))
+        return pa.table({"row": [worker + r for r in range(lo, hi)]})
+
+    shards = resume.Shards(resume.WorkDir("generate", "003", {}), total=7, size=3, what="test shards")
+    shards.save(1, pa.table({"row": [103, 104, 105]}))
+    assert shards.fill(compute, start, "generate_shard")["row"].to_pylist() == list(range(100, 107))
+    assert (started, computed, shards.resumed, shards.started) == ([1], [(0, 3), (6, 7)], 1, 100)
+    assert "generate 003: resuming: 1/3 test shards saved by an interrupted run" in capsys.readouterr().out
+    again = resume.Shards(resume.WorkDir("generate", "003", {}), total=7, size=3)
+    assert again.fill(compute, start, "generate_shard")["row"].to_pylist() == list(range(100, 107))
+    assert (len(started), again.resumed, again.started) == (1, 3, None)  # nothing left to compute: no engine
+    assert resume.shard_progress(again.work.path) == (3, 3)
 
 
 def test_only_marked_checkpoints_count_and_older_ones_are_dropped(tmp_path):
@@ -140,19 +166,22 @@ def python(code: str, **env) -> subprocess.CompletedProcess:
 
 
 def test_kill_point_fires_on_its_nth_pass_at_once_or_after_a_delay():
-    code = "from burstrl import faults\nfor i in range(3):\n    faults.point('p')\n    print('passed', i, flush=True)"
+    code = ("from burstrl.pipeline import faults\nfor i in range(3):\n    faults.point('p')\n"
+            "    print('passed', i, flush=True)")
     done = python(code, BURSTRL_KILL_AT="p@2")
     assert done.returncode == -signal.SIGKILL
     assert done.stdout.splitlines() == ["passed 0", "faults: BURSTRL_KILL_AT=p@2: SIGKILL at p"]
     assert python(code, BURSTRL_KILL_AT="q").stdout.count("passed") == 3
-    delayed = python("import time\nfrom burstrl import faults\nfaults.point('p')\nprint('running', flush=True)\n"
+    delayed = python("import time\nfrom burstrl.pipeline import faults\nfaults.point('p')\n"
+                     "print('running', flush=True)\n"
                      "time.sleep(30)", BURSTRL_KILL_AT="p+0.5")
     assert delayed.returncode == -signal.SIGKILL and "running" in delayed.stdout
 
 
 def test_pause_point_waits_on_its_nth_pass_until_the_file_is_deleted(tmp_path):
     flag = tmp_path / "flag"
-    code = "from burstrl import faults\nfor i in range(3):\n    faults.point('p')\n    print('passed', i, flush=True)"
+    code = ("from burstrl.pipeline import faults\nfor i in range(3):\n    faults.point('p')\n"
+            "    print('passed', i, flush=True)")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "BURSTRL_PAUSE_AT": f"p@2:{flag}"})
     deadline = time.monotonic() + 30

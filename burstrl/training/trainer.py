@@ -1,0 +1,227 @@
+"""TRL's GRPOTrainer, fed scored rollouts from Parquet instead of generating them, with an off-policy-correct loss.
+
+TRL generates and scores inside `_generate_and_score_completions`, which returns the tensors its loss
+consumes. This subclass overrides that hook, the sampler and `_compute_loss`; TRL still owns the training
+loop, batch shuffling and slicing, the optimizer, logging and the logprob forward pass. Departures from TRL's
+colocated loop, all forced by the decoupled pipeline:
+  - the whole rollout file is one generation batch: steps_per_generation = rollouts / batch_size optimizer
+    steps, TRL shuffling and slicing it exactly as it does a freshly generated batch;
+  - the proximal ("old") logprobs are always computed with the trainer's weights when the batch arrives,
+    because the sampler is never the trainer: it ran an earlier version, other precision or quantized weights;
+  - the loss is `burstrl.rl.objective.grpo_loss`: TRL's, plus the KL estimator choice and a loss mask for rows
+    `burstrl.rl.selection.select_rows` leaves out; the importance weight is TRL's vLLM correction, fed from Parquet;
+  - reference logprobs come from the score stage, so TRL is built with beta=0 (it would otherwise load a
+    second copy of the policy as its reference) and the KL coefficient is set afterwards;
+  - with a `work` directory, the prepared batch is saved there before the first step and checkpoints are
+    marked complete (burstrl.training.trainstate), so a resumed run takes the same slices of the same batch; a slice
+    is chosen by the optimizer step, which a resumed Trainer restores, not by TRL's own call counter.
+"""
+
+from pathlib import Path
+
+import torch
+from accelerate.utils import gather_object
+from torch.utils.data import SequentialSampler
+from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.utils import pad
+
+from burstrl.atomic import replacing
+from burstrl.config import TrainConfig
+from burstrl.pipeline import faults
+from burstrl.rl import objective
+from burstrl.training import launch, trainstate
+
+
+def _precomputed(*args, **kwargs):
+    raise RuntimeError("rewards are precomputed by the score stage; the train stage never scores")
+
+
+class RolloutGRPOTrainer(GRPOTrainer):
+    def __init__(self, *, train: TrainConfig, work: Path | None = None, **kwargs):
+        super().__init__(reward_funcs=[_precomputed], **kwargs)
+        self.beta = train.beta
+        self.train_config = train
+        self.work = work
+        self.start_metrics: dict = {}
+        self.row_report: dict = {}
+
+    def _prepare_inputs(self, generation_batch):
+        if not self.model.training:
+            return super()._prepare_inputs(generation_batch)
+        saved = self._saved_batch()
+        if self._buffered_inputs is None and not self.load_saved_batch():
+            super()._prepare_inputs(generation_batch)
+            if saved:
+                with replacing(saved) as tmp:
+                    torch.save({"steps": self._buffered_inputs, "start_metrics": self.start_metrics,
+                                "row_report": self.row_report}, tmp)
+        return self._buffered_inputs[self.state.global_step % self.args.steps_per_generation]
+
+    def _saved_batch(self) -> Path | None:
+        return self.work / trainstate.BATCH.format(rank=self.accelerator.process_index) if self.work else None
+
+    def load_saved_batch(self) -> bool:
+        """The batch (and its start metrics and row report) an interrupted run prepared, if it saved one."""
+        saved = self._saved_batch()
+        if not (saved and saved.is_file()):
+            return False
+        state = torch.load(saved, map_location=self.accelerator.device)
+        self._buffered_inputs = state["steps"]
+        self.start_metrics, self.row_report = state["start_metrics"], state["row_report"]
+        return True
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        checkpoint = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
+        faults.point("checkpoint_write")
+        self.accelerator.wait_for_everyone()  # every process has written its share (RNG states) first
+        if self.args.should_save:
+            trainstate.mark_complete(checkpoint, self.state.global_step)
+
+    def _get_train_sampler(self, dataset=None):
+        # Rows are completions, not prompts to repeat; TRL shuffles the generation batch itself.
+        return SequentialSampler(dataset if dataset is not None else self.train_dataset)
+
+    def _generate_and_score_completions(self, inputs: list[dict]) -> dict:
+        device = self.accelerator.device
+
+        def padded(key, value, side, dtype=torch.long):
+            return pad([torch.tensor(row[key], dtype=dtype) for row in inputs], padding_value=value,
+                       padding_side=side).to(device)
+
+        def ones(key, side):
+            return pad([torch.ones(len(row[key]), dtype=torch.long) for row in inputs], padding_value=0,
+                       padding_side=side).to(device)
+
+        prompt_ids = padded("prompt_ids", self.processing_class.pad_token_id, "left")
+        prompt_mask = ones("prompt_ids", "left")
+        completion_ids = padded("completion_ids", self.processing_class.pad_token_id, "right")
+        completion_mask = ones("completion_ids", "right")
+        keep = torch.tensor([row.get("keep", True) for row in inputs], device=device)
+        loss_mask = completion_mask * keep.unsqueeze(1)
+        sampler = padded("sampler_logprobs", 0.0, "right", torch.float32)
+        with torch.no_grad():
+            proximal, _, _ = self._get_per_token_logps_and_entropies(
+                self.model, torch.cat([prompt_ids, completion_ids], dim=1),
+                torch.cat([prompt_mask, completion_mask], dim=1), completion_ids.size(1),
+                batch_size=self.args.per_device_train_batch_size,
+            )
+        t = self.train_config
+        # Left-out rows get their true weights too, for data/weights; the loss mask silences them.
+        ratio = objective.raw_importance_ratio(proximal, sampler, completion_mask, t.is_mode)
+        weights = objective.importance_weights(ratio, t.is_mode, t.is_cap, t.is_floor)
+        self._record_start(inputs, proximal, sampler, ratio, weights, loss_mask, t.is_mode)
+        batch = {
+            "prompt_ids": prompt_ids,
+            "prompt_mask": prompt_mask,
+            "completion_ids": completion_ids,
+            "completion_mask": completion_mask,
+            "loss_mask": loss_mask,
+            "advantages": torch.tensor([row["advantage"] for row in inputs], dtype=torch.float32, device=device),
+            # Summed over all processes, as TRL does, so dapo's token normalizer is right on several GPUs.
+            "num_items_in_batch": self.accelerator.gather(loss_mask.sum()).sum(),
+            "old_per_token_logps": proximal,
+            "importance_sampling_ratio": weights,
+        }
+        if self.beta != 0.0:
+            batch["ref_per_token_logps"] = padded("ref_logprobs", 0.0, "right", torch.float32)
+        return batch
+
+    def _record_start(self, inputs, proximal, sampler, ratio, weights, loss_mask, mode):
+        """What the batch looked like before any update: the sampler-vs-trainer gap and the IS weights."""
+        units = loss_mask if ratio.size(1) > 1 else loss_mask.amax(-1, keepdim=True)
+        # KL(sampler || trainer) from the sampler's own tokens; k3 is >= 0, the clamp only removes float round-off.
+        gap = objective.kl_to_reference(sampler, proximal, "k3").clamp(min=0.0)
+        changed = torch.zeros_like(ratio) if mode == "none" else (weights != ratio).float()
+        lengths = [len(row["completion_ids"]) for row in inputs]
+        self.row_report = {
+            "key": [(row["prompt_id"], row["sample_index"]) for row in inputs],
+            **{name: [values[:n].tolist() for values, n in zip(tensor, lengths, strict=True)]
+               for name, tensor in (("proximal_logprobs", proximal), ("is_weights", weights.expand_as(proximal)))},
+        }
+        # On several processes each holds a share of the rows: the metrics describe all of them. Padding is
+        # masked out, so it changes no mean or maximum.
+        acc = self.accelerator
+        gap, loss_mask, weights, ratio, changed, units = (
+            acc.gather(acc.pad_across_processes(t, dim=1)) for t in (gap, loss_mask, weights, ratio, changed, units))
+        self.start_metrics = {
+            "sampler_kl": objective.masked_mean(gap, loss_mask),
+            "is_weight_mean": objective.masked_mean(weights, units),
+            "is_weight_max": (weights * units).max().item(),
+            "is_ratio_max": (ratio * units).max().item(),
+            "is_clipped_fraction": objective.masked_mean(changed, units),
+        }
+
+    def full_row_report(self, keys: list[tuple[int, int]]) -> dict[str, list]:
+        """Every process's row report, in the order of `keys` (the table's (prompt_id, sample_index) pairs)."""
+        names = [name for name in self.row_report if name != "key"]
+        rows = gather_object([(key, *values) for key, *values in zip(*self.row_report.values(), strict=True)])
+        by_key = {tuple(row[0]): row[1:] for row in rows}
+        return {name: [by_key[key][i] for key in keys] for i, name in enumerate(names)}
+
+    def _mean_everywhere(self, values: torch.Tensor, mask: torch.Tensor) -> float:
+        """The masked mean over the tokens of every process's share of the step, not just this one's."""
+        sums = self.accelerator.gather(torch.stack([(values * mask).sum(), mask.sum().float()]).reshape(1, 2)).sum(0)
+        return (sums[0] / sums[1].clamp(min=1.0)).item()
+
+    def _compute_loss(self, model, inputs):
+        completion_ids = inputs["completion_ids"]
+        logps, entropies, _ = self._get_per_token_logps_and_entropies(
+            model, torch.cat([inputs["prompt_ids"], completion_ids], dim=1),
+            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1), completion_ids.size(1),
+            compute_entropy=True,
+        )
+        mask = inputs["loss_mask"]
+        t = self.train_config
+        # TRL's normalizers, kept term for term so the equivalence test holds for any accumulation and process
+        # count: dapo divides by this step's share of the generation batch's tokens on all processes, the
+        # others by the accumulation steps.
+        accumulation = self.current_gradient_accumulation_steps
+        tokens = (inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+                  * accumulation / self.args.steps_per_generation)
+        terms = objective.grpo_loss(
+            logps, inputs["old_per_token_logps"], inputs["advantages"], inputs["importance_sampling_ratio"],
+            inputs.get("ref_per_token_logps"), mask, beta=self.beta, kl_estimator=t.kl_estimator,
+            kl_ratio_correction=t.kl_ratio_correction, eps_low=t.epsilon,
+            eps_high=t.epsilon_high, loss_type=t.loss_type, max_completion_length=self.max_completion_length,
+            token_normalizer=tokens,
+        )
+        metrics = self._metrics["train" if self.model.training else "eval"]
+        if terms.kl is not None:
+            metrics["kl"].append(self._mean_everywhere(terms.kl.detach(), mask))
+        metrics["entropy"].append(self._mean_everywhere(entropies, mask))
+        metrics["clip_ratio"].append(self._mean_everywhere(terms.clipped.float(), mask))
+        return terms.loss if t.loss_type == "dapo" else terms.loss / accumulation
+
+
+def grpo_config(*, output_dir: str, rollouts: int, train: TrainConfig, temperature: float,
+                max_completion_length: int, num_generations: int, seed: int, processes: int = 1) -> GRPOConfig:
+    """TRL's config for one rollout file: `processes` ranks each take train.batch_size / processes rows a step."""
+    steps_per_generation = rollouts // train.batch_size
+    return GRPOConfig(
+        output_dir=output_dir,
+        per_device_train_batch_size=launch.per_device_batch(train.batch_size, processes),
+        gradient_accumulation_steps=1,
+        steps_per_generation=steps_per_generation,
+        num_iterations=train.epochs,
+        max_steps=steps_per_generation * train.epochs,
+        num_generations=num_generations,
+        max_completion_length=max_completion_length,
+        temperature=temperature,
+        learning_rate=train.learning_rate,
+        lr_scheduler_type="constant",
+        beta=0.0,
+        loss_type=train.loss_type,
+        epsilon=train.epsilon,
+        epsilon_high=train.epsilon_high,
+        max_grad_norm=train.max_grad_norm,
+        seed=seed,
+        bf16=train.bf16,
+        use_cpu=train.device == "cpu",
+        remove_unused_columns=False,
+        logging_steps=1,
+        # burstrl.training.trainstate.Cadence decides when to save; the Trainer's own schedule stays off.
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=False,
+    )
