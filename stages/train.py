@@ -21,13 +21,13 @@ from dvclive import Live
 from dvclive.utils import standardize_metric_name
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from burstrl.atomic import temporary, write_json
+from burstrl.atomic import staging_dir, temporary, write_json
 from burstrl.data.contract import WEIGHT_FIELDS, check_tokens, read_scored, write_table
-from burstrl.data.policy import file_sha256, publish_policy, read_metadata, staging_dir
+from burstrl.data.policy import file_sha256, publish_policy, read_metadata
 from burstrl.errors import PARTIAL
 from burstrl.pipeline import resume
 from burstrl.pipeline.stage import close_log, parse, stage
-from burstrl.remote.train_host import train_host
+from burstrl.remote import train_host
 from burstrl.rl.selection import check_batch, select_rows, staleness
 from burstrl.training import launch, trainstate
 from burstrl.training.trainer import RolloutGRPOTrainer, grpo_config

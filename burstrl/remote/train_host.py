@@ -28,8 +28,8 @@ from burstrl.errors import LINK_LOST, ConfigError, SyncError
 from burstrl.pipeline import resume
 from burstrl.remote.sync import Target, ssh_command
 
-# The only environment the remote stage gets from here, besides the deadline: the kill points for tests.
-FORWARDED_ENV = ("BURSTRL_KILL_AT",)
+# The only environment the remote stage gets from here, besides the deadline: the kill and pause points for tests.
+FORWARDED_ENV = ("BURSTRL_KILL_AT", "BURSTRL_PAUSE_AT")
 # Where the remote run keeps its process id, for the on-host time limit that burstrl.remote.rent arms.
 TRAIN_PID = ".burstrl/train.pid"
 
