@@ -2,6 +2,10 @@
 
 Each stage reads only its own sections; dvc.yaml lists exactly those sections under the stage's
 `params:`, so changing a train setting never re-runs generate. Derived values live in properties here.
+
+Longer than the package's other modules on purpose: every params key is declared once, here, with its
+type, default and one line of doc, and load_config checks the rules that span keys; split by section, the
+cross-section checks would have no home.
 """
 
 from dataclasses import dataclass, field
@@ -327,20 +331,25 @@ def load_config(path: Path | str = "params.yaml") -> Config:
     raw = OmegaConf.load(path)
     merged = OmegaConf.merge(OmegaConf.structured(Config), raw)
     cfg: Config = OmegaConf.to_object(merged)
-    if cfg.rollouts_per_iteration % cfg.train.batch_size:
-        raise ConfigError(
-            f"{path}: train.batch_size={cfg.train.batch_size} must divide the rollout batch "
-            f"(generate.prompts_per_iteration * generate.num_generations = {cfg.rollouts_per_iteration})"
-        )
-    if cfg.generate.num_generations < 2:
-        raise ConfigError(f"{path}: generate.num_generations must be >= 2 for group-relative advantages")
+    t, g, r, sv = cfg.train, cfg.generate, cfg.resume, cfg.servers
+
+    def need(ok: bool, rule: str, **given) -> None:
+        if not ok:  # the rule, then the values given (keys spelled with __ for the dots)
+            got = ", ".join(f"{key.replace('__', '.')}={value!r}" for key, value in given.items())
+            raise ConfigError(f"{path}: {rule}" + (f"; got {got}" if given else ""))
+
+    need(cfg.rollouts_per_iteration % t.batch_size == 0,
+         f"train.batch_size={t.batch_size} must divide the rollout batch "
+         f"(generate.prompts_per_iteration * generate.num_generations = {cfg.rollouts_per_iteration})")
+    need(g.num_generations >= 2, "generate.num_generations must be >= 2 for group-relative advantages",
+         generate__num_generations=g.num_generations)
     choices = {
         "score.completion_format": (cfg.score.completion_format, ("standard", "conversational")),
         "score.advantage_baseline": (cfg.score.advantage_baseline, BASELINES),
         "score.scale_rewards": (cfg.score.scale_rewards, SCALES),
-        "train.kl_estimator": (cfg.train.kl_estimator, KL_ESTIMATORS),
-        "train.loss_type": (cfg.train.loss_type, LOSS_TYPES),
-        "train.is_mode": (cfg.train.is_mode, IS_MODES),
+        "train.kl_estimator": (t.kl_estimator, KL_ESTIMATORS),
+        "train.loss_type": (t.loss_type, LOSS_TYPES),
+        "train.is_mode": (t.is_mode, IS_MODES),
         "launch.strategy": (cfg.launch.strategy, STRATEGIES),
         "rent.provider": (cfg.rent.provider, PROVIDERS),
         "sync.quantize": (cfg.sync.quantize, QUANTIZATIONS),
@@ -348,37 +357,37 @@ def load_config(path: Path | str = "params.yaml") -> Config:
     for key, (value, allowed) in choices.items():
         if value not in allowed:
             raise ConfigError(f"{path}: {key} is {value!r}, expected one of {', '.join(allowed)}")
-    if not 0 <= cfg.train.is_floor <= 1 <= cfg.train.is_cap:
-        raise ConfigError(f"{path}: need 0 <= train.is_floor <= 1 <= train.is_cap")
-    if cfg.train.kl_estimator == "k2" and cfg.train.kl_ratio_correction:
-        raise ConfigError(f"{path}: train.kl_estimator k2 already has the reverse-KL gradient; weighting it by "
-                          "pi_theta / pi_old would bias it: set train.kl_ratio_correction to false")
-    if cfg.train.max_staleness < 0:
-        raise ConfigError(f"{path}: train.max_staleness must be >= 0")
-    if not 0 <= cfg.generate.min_tokens <= cfg.generate.max_tokens:
-        raise ConfigError(f"{path}: need 0 <= generate.min_tokens <= generate.max_tokens")
-    if cfg.resume.shard_prompts < 1:
-        raise ConfigError(f"{path}: resume.shard_prompts must be >= 1")
-    if cfg.launch.processes < 0:
-        raise ConfigError(f"{path}: launch.processes must be >= 0 (0: one per visible GPU)")
-    if cfg.rent.reserve_minutes * 60 >= cfg.rent.max_hours * 3600:
-        raise ConfigError(f"{path}: rent.reserve_minutes must be shorter than rent.max_hours")
+    need(0 <= t.is_floor <= 1 <= t.is_cap, "need 0 <= train.is_floor <= 1 <= train.is_cap",
+         train__is_floor=t.is_floor, train__is_cap=t.is_cap)
+    need(not (t.kl_estimator == "k2" and t.kl_ratio_correction),
+         "train.kl_estimator k2 already has the reverse-KL gradient; weighting it by pi_theta / pi_old would bias "
+         "it: set train.kl_ratio_correction to false")
+    need(t.max_staleness >= 0, "train.max_staleness must be >= 0", train__max_staleness=t.max_staleness)
+    need(0 <= g.min_tokens <= g.max_tokens, "need 0 <= generate.min_tokens <= generate.max_tokens",
+         generate__min_tokens=g.min_tokens, generate__max_tokens=g.max_tokens)
+    need(r.shard_prompts >= 1, "resume.shard_prompts must be >= 1", resume__shard_prompts=r.shard_prompts)
+    need(cfg.launch.processes >= 0, "launch.processes must be >= 0 (0: one per visible GPU)",
+         launch__processes=cfg.launch.processes)
+    need(cfg.rent.reserve_minutes * 60 < cfg.rent.max_hours * 3600,
+         "rent.reserve_minutes must be shorter than rent.max_hours",
+         rent__reserve_minutes=cfg.rent.reserve_minutes, rent__max_hours=cfg.rent.max_hours)
     for role in ("policy", "reference", "reward"):
-        for url in getattr(cfg.servers, role):
+        for url in getattr(sv, role):
             if not url.startswith(("http://", "https://")):
                 raise ConfigError(f"{path}: servers.{role}: '{url}' is not a base URL (http://host:port)")
-    if "burstrl.rl.rewards.judge" in cfg.score.reward_funcs and not (cfg.score.judge.model and cfg.servers.reward):
-        raise ConfigError(f"{path}: score.reward_funcs has burstrl.rl.rewards.judge: it needs score.judge.model and "
-                          "servers.reward (the judge's served name and endpoints)")
-    if cfg.servers.concurrency < 1:
-        raise ConfigError(f"{path}: servers.concurrency must be >= 1")
-    if min(cfg.servers.request_timeout_seconds, cfg.servers.wait_seconds) <= 0:
-        raise ConfigError(f"{path}: servers.request_timeout_seconds and servers.wait_seconds must be > 0")
-    if cfg.sync.calibration_prompts < 1:
-        raise ConfigError(f"{path}: sync.calibration_prompts must be >= 1")
-    if cfg.sync.quantize != "none" and cfg.inference.dtype not in ("float16", "bfloat16"):
-        raise ConfigError(f"{path}: sync.quantize {cfg.sync.quantize} makes W4A16 weights, which run with 16-bit "
-                          f"activations: set inference.dtype to float16 or bfloat16, not {cfg.inference.dtype}")
-    if len(cfg.score.reward_funcs) != len(cfg.score.reward_weights):
-        raise ConfigError(f"{path}: score.reward_funcs and score.reward_weights must have the same length")
+    need("burstrl.rl.rewards.judge" not in cfg.score.reward_funcs or bool(cfg.score.judge.model and sv.reward),
+         "score.reward_funcs has burstrl.rl.rewards.judge: it needs score.judge.model and servers.reward (the "
+         "judge's served name and endpoints)", score__judge__model=cfg.score.judge.model, servers__reward=sv.reward)
+    need(sv.concurrency >= 1, "servers.concurrency must be >= 1", servers__concurrency=sv.concurrency)
+    need(sv.request_timeout_seconds > 0, "servers.request_timeout_seconds must be > 0",
+         servers__request_timeout_seconds=sv.request_timeout_seconds)
+    need(sv.wait_seconds > 0, "servers.wait_seconds must be > 0", servers__wait_seconds=sv.wait_seconds)
+    need(cfg.sync.calibration_prompts >= 1, "sync.calibration_prompts must be >= 1",
+         sync__calibration_prompts=cfg.sync.calibration_prompts)
+    need(cfg.sync.quantize == "none" or cfg.inference.dtype in ("float16", "bfloat16"),
+         f"sync.quantize {cfg.sync.quantize} makes W4A16 weights, which run with 16-bit activations: set "
+         f"inference.dtype to float16 or bfloat16, not {cfg.inference.dtype}")
+    need(len(cfg.score.reward_funcs) == len(cfg.score.reward_weights),
+         "score.reward_funcs and score.reward_weights must have the same length",
+         score__reward_funcs=cfg.score.reward_funcs, score__reward_weights=cfg.score.reward_weights)
     return cfg

@@ -9,7 +9,6 @@ runs on that host over SSH and brings the outputs back (burstrl.remote.train_hos
 
 import datetime
 import os
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -26,7 +25,7 @@ from burstrl.data.contract import WEIGHT_FIELDS, check_tokens, read_scored, writ
 from burstrl.data.policy import file_sha256, publish_policy, read_metadata
 from burstrl.errors import PARTIAL
 from burstrl.pipeline import resume
-from burstrl.pipeline.stage import close_log, parse, stage
+from burstrl.pipeline.stage import Exit, parse, stage
 from burstrl.remote import train_host
 from burstrl.rl.selection import check_batch, select_rows, staleness
 from burstrl.training import launch, trainstate
@@ -61,18 +60,15 @@ if __name__ == "__main__":
     if os.environ.get("BURSTRL_TRAIN_HOST"):
         with stage("train", metrics):
             deadline = resume.deadline(cfg.resume.deadline, started=psutil.Process().create_time())
-            status = train_host.run_train(os.environ["BURSTRL_TRAIN_HOST"], cfg.sync.ssh_command, args.iteration,
-                                      args.parent, args.params, deadline, cfg.resume.pull_every_seconds)
-        close_log()
-        sys.exit(status)
+            raise Exit(train_host.run_train(os.environ["BURSTRL_TRAIN_HOST"], cfg.sync.ssh_command, args.iteration,
+                                            args.parent, args.params, deadline, cfg.resume.pull_every_seconds))
     with stage("train", metrics):
         deadline = resume.deadline(cfg.resume.deadline, started=psutil.Process().create_time())
         # The ranks start later than this process: they get the deadline as a time, not as seconds from now.
         ranks = launch.run_ranks(cfg.launch, cfg.train, {"BURSTRL_DEADLINE": datetime.datetime.fromtimestamp(
             deadline, datetime.UTC).isoformat()} if deadline else {})
         if ranks is not None:
-            close_log()
-            sys.exit(ranks)
+            raise Exit(ranks)
         source = Path(f"data/scored/{args.iteration}.parquet")
         table = read_scored(source)
         parent = Path("checkpoints") / args.parent
@@ -102,10 +98,8 @@ if __name__ == "__main__":
             print(f"train {args.iteration}: resuming from {saved[-1][1]} (step {start_step})")
         # Rank 0's clock decides for every rank: one rank leaving alone would hang the others.
         if trainstate.agreed([deadline is not None and deadline - time.time() < cfg.resume.deadline_margin_seconds])[0]:
-            print(f"train {args.iteration}: the deadline is {deadline - time.time():.0f}s away, inside the "
-                  f"{cfg.resume.deadline_margin_seconds:.0f}s margin: not starting", file=sys.stderr)
-            close_log()
-            launch.leave(PARTIAL, main)
+            raise Exit(PARTIAL, f"train {args.iteration}: the deadline is {deadline - time.time():.0f}s away, "
+                                f"inside the {cfg.resume.deadline_margin_seconds:.0f}s margin: not starting")
         tokenizer = AutoTokenizer.from_pretrained(parent)
         model = AutoModelForCausalLM.from_pretrained(parent)
         r = cfg.resume
@@ -127,10 +121,9 @@ if __name__ == "__main__":
             trainer.load_saved_batch()  # resumed after the last step: no step ran to load it
         steps = trainer.state.global_step
         if cadence.stopped_for_deadline:
-            print(f"train {args.iteration}: stopped for the deadline after step {steps}/{trainer.state.max_steps}; "
-                  f"checkpoint in {work.path}/checkpoint-{steps}; `dvc repro` continues it", file=sys.stderr)
-            close_log()
-            launch.leave(PARTIAL, main)
+            raise Exit(PARTIAL, f"train {args.iteration}: stopped for the deadline after step {steps}/"
+                                f"{trainer.state.max_steps}; checkpoint in {work.path}/checkpoint-{steps}; "
+                                "`dvc repro` continues it")
         history = trainer.state.log_history
         for key in ("loss", "kl", "entropy", "clip_ratio", "grad_norm"):
             value = mean_of(history, key)
@@ -152,8 +145,7 @@ if __name__ == "__main__":
         trainer.accelerator.wait_for_everyone()
         trainer.save_model(str(tmp))  # writes on the main process only, the tokenizer with the weights
         if not main:
-            close_log()
-            launch.leave(0, main)
+            raise Exit(0)
         (tmp / "training_args.bin").unlink()  # the Trainer's pickle of its arguments: no part of a policy
         publish_policy(tmp, out, version=args.iteration, parent=parent_meta, iteration=int(args.iteration))
         weights = pa.table({

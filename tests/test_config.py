@@ -33,13 +33,17 @@ def test_params_yaml_loads_into_typed_config(tmp_path):
 
 @pytest.mark.parametrize(("change", "message"), [
     ({"train": {"batch_size": 7}}, "train.batch_size=7 must divide the rollout batch"),
-    ({"generate": {"num_generations": 1}}, "num_generations must be >= 2"),
-    ({"score": {"reward_weights": [1.0]}}, "same length"),
+    ({"generate": {"num_generations": 1}}, "num_generations must be >= 2 .*; got generate.num_generations=1$"),
+    ({"train": {"max_staleness": -1}}, "train.max_staleness must be >= 0; got train.max_staleness=-1$"),
+    ({"servers": {"concurrency": 0}}, "servers.concurrency must be >= 1; got servers.concurrency=0$"),
+    ({"score": {"reward_weights": [1.0]}}, r"same length; got score.reward_funcs=\['burstrl.rl.rewards.exact_match', "
+                                           r"'burstrl.rl.rewards.digit_match'\], score.reward_weights=\[1.0\]$"),
     ({"train": {"nonsense": 1}}, "nonsense"),
     ({"train": {"is_mode": "token"}}, "train.is_mode is 'token', expected one of token_truncate, token_mask"),
     ({"score": {"scale_rewards": True}}, "score.scale_rewards is 'True', expected one of group, batch, none"),
     ({"train": {"kl_estimator": "k2"}}, "would bias it: set train.kl_ratio_correction to false"),
-    ({"train": {"is_cap": 0.5}}, "need 0 <= train.is_floor <= 1 <= train.is_cap"),
+    ({"train": {"is_cap": 0.5}}, "need 0 <= train.is_floor <= 1 <= train.is_cap; got train.is_floor=0.0, "
+                                 "train.is_cap=0.5$"),
     ({"launch": {"strategy": "zero3"}}, "launch.strategy is 'zero3', expected one of ddp, fsdp, deepspeed_zero2"),
     ({"launch": {"processes": -1}}, "launch.processes must be >= 0"),
     ({"generate": {"min_tokens": 6}}, "need 0 <= generate.min_tokens <= generate.max_tokens"),

@@ -11,7 +11,8 @@ from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu
 from conftest import clone, run
 
 from burstrl.config import LaunchConfig, TrainConfig
-from burstrl.errors import ConfigError
+from burstrl.errors import PARTIAL, ConfigError, ToolError
+from burstrl.pipeline.stage import STATUS_FILE, Exit, stage
 from burstrl.training.launch import command, per_device_batch, world_size
 
 GPU = TrainConfig(device="cuda", bf16=True)
@@ -76,6 +77,32 @@ def test_world_size_and_the_global_batch():
     assert per_device_batch(256, 8) == 32
     with pytest.raises(ConfigError, match="train.batch_size=256 must divide evenly over 3"):
         per_device_batch(256, 3)
+
+
+def ends_with(monkeypatch, env: dict[str, str], raised: Exception) -> int:
+    for key in ("WORLD_SIZE", "RANK", STATUS_FILE):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    metrics: dict = {}
+    with pytest.raises(SystemExit) as done, stage("train", metrics):
+        raise raised
+    assert "seconds" not in metrics  # only a stage that finished has its time
+    return done.value.code
+
+
+def test_a_stage_ends_with_the_status_it_raises_and_a_rank_hands_it_to_the_launcher(monkeypatch, tmp_path, capsys):
+    assert ends_with(monkeypatch, {}, Exit(PARTIAL, "train 003: stopped for the deadline")) == PARTIAL
+    assert capsys.readouterr().err == "train 003: stopped for the deadline\n"
+    assert ends_with(monkeypatch, {}, ToolError("llmcompressor is not installed")) == 1
+    assert capsys.readouterr().err == "train: error: llmcompressor is not installed\n"
+    # Under the launcher every rank exits 0 (it turns any other status into 1); rank 0 writes the status down.
+    status = tmp_path / "status"
+    rank = {"WORLD_SIZE": "2", STATUS_FILE: str(status)}
+    assert ends_with(monkeypatch, {**rank, "RANK": "1"}, Exit(PARTIAL)) == 0
+    assert not status.exists()
+    assert ends_with(monkeypatch, {**rank, "RANK": "0"}, Exit(PARTIAL)) == 0
+    assert status.read_text() == str(PARTIAL)
 
 
 @pytest.mark.slow

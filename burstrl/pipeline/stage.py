@@ -13,7 +13,7 @@ from pathlib import Path
 from omegaconf.errors import OmegaConfBaseException
 
 from burstrl.config import Config, load_config
-from burstrl.errors import ConfigError, ContractError, ServerError, SyncError
+from burstrl.errors import FAILED, BurstrlError, ConfigError
 
 # Where a rank that burstrl.training.launch started writes its exit status; set only in such ranks.
 STATUS_FILE = "BURSTRL_LAUNCH_STATUS"
@@ -70,43 +70,75 @@ def close_log() -> None:
         _tee = None
 
 
-def parse(description: str, *names: str) -> tuple[argparse.Namespace, Config]:
-    """Parse a stage's arguments and params; from here on its output is also logged to
-    logs/<stage>/<iteration>.log (logs/<stage>.log for stages without an iteration), and a reaper
-    (burstrl.pipeline.orphans) stops what the stage started if the stage dies."""
+def watch(log: Path) -> None:
+    """From here on this process's output, and its workers', also goes to `log`, and a reaper
+    (burstrl.pipeline.orphans) stops what this process started if it dies."""
     global _tee
+    _tee = _Tee(log)
+    atexit.register(close_log)
+    subprocess.Popen([sys.executable, "-m", "burstrl.pipeline.orphans", str(os.getpid()), *map(str, _tee.pids)],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True)
+
+
+def parse(description: str, *names: str) -> tuple[argparse.Namespace, Config]:
+    """Parse a stage's arguments and params, then `watch` it: its log is logs/<stage>/<iteration>.log
+    (logs/<stage>.log for stages without an iteration). Bad params exit 1 with one line."""
     parser = argparse.ArgumentParser(description=description)
     for name in names:
         parser.add_argument(name)
     parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
     args = parser.parse_args()
     name = Path(parser.prog).stem
-    log = Path("logs") / name / f"{args.iteration}.log" if "iteration" in names else Path("logs") / f"{name}.log"
     # A rank that `accelerate launch` started writes through the launcher, which is the stage's own process
     # (burstrl.training.launch): its log and reaper already cover the rank.
     if not launched():
-        _tee = _Tee(log)
-        atexit.register(close_log)
-        subprocess.Popen([sys.executable, "-m", "burstrl.pipeline.orphans", str(os.getpid()), *map(str, _tee.pids)],
-                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         start_new_session=True)
+        watch(Path("logs") / name / f"{args.iteration}.log" if "iteration" in names else Path("logs") / f"{name}.log")
     try:
         return args, load_config(args.params)
     except (ConfigError, OmegaConfBaseException) as err:
-        print(f"{Path(parser.prog).stem}: error: {err}", file=sys.stderr)
-        sys.exit(1)
+        print(f"{name}: error: {err}", file=sys.stderr)
+        sys.exit(FAILED)
+
+
+class Exit(Exception):  # noqa: N818 (a way out, not an error)
+    """Raised inside `stage()` to end the stage with status `code`, after printing `message` (if any) to
+    stderr: errors.PARTIAL when it stopped on purpose with a checkpoint, or the status of the ranks or the
+    host that did the stage's work."""
+
+    def __init__(self, code: int, message: str = ""):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def leave(code: int) -> None:
+    """Close the log and exit with `code`. A rank of several exits 0, since the launcher turns any other
+    status into 1; rank 0 leaves the code in the status file for burstrl.training.launch.run_ranks."""
+    close_log()
+    if launched():
+        if os.environ.get("RANK", "0") == "0":
+            Path(os.environ[STATUS_FILE]).write_text(str(code))
+        code = 0
+    sys.exit(code)
 
 
 @contextmanager
 def stage(name: str, metrics: dict):
-    """Time the stage into metrics['seconds']; bad input or params become one clear line and exit status 1.
-    Any other exception is a bug and keeps its traceback."""
+    """Time the stage into metrics['seconds']; every way out of it closes the log first. `Exit` ends it with
+    its status; bad input, params or a failure outside (errors.BurstrlError) become one clear line and exit
+    status 1. Any other exception is a bug and keeps its traceback."""
     start = time.monotonic()
     try:
         yield
-    except (ContractError, ConfigError, SyncError, ServerError) as err:
+    except Exit as done:
+        if done.message:
+            print(done.message, file=sys.stderr)
+        leave(done.code)
+    except BurstrlError as err:
         print(f"{name}: error: {err}", file=sys.stderr)
-        sys.exit(1)
+        close_log()
+        sys.exit(FAILED)
     metrics["seconds"] = round(time.monotonic() - start, 2)
 
 

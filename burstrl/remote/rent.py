@@ -10,6 +10,9 @@ If this side dies without a word (a laptop closed, a SIGKILL), the limit armed o
 training and ends the machine (rent.runpod.self_terminate) at its own clock's `--hours` mark. Training is
 given the limit minus rent.reserve_minutes as its deadline, so it stops with a checkpoint in time to send
 it home; a session that ends there exits 75 and the next one continues from that checkpoint.
+
+Longer than the package's other modules on purpose: the Session owns the machine from rent to give-back,
+so every way out, signals included, ends in the one teardown at the bottom of Session.run, on one page.
 """
 
 import argparse

@@ -82,12 +82,3 @@ def run_ranks(launch: LaunchConfig, train: TrainConfig, env: dict[str, str]) -> 
         status = Path(tmp) / "status"
         code = subprocess.call(argv, env={**os.environ, **env, STATUS_FILE: str(status)})
         return int(status.read_text()) if code == 0 and status.is_file() else code
-
-
-def leave(code: int, main: bool) -> None:
-    """Exit with `code`; a rank exits 0 and rank 0 hands the code to run_ranks instead."""
-    if not launched():
-        sys.exit(code)
-    if main:
-        Path(os.environ[STATUS_FILE]).write_text(str(code))
-    sys.exit(0)
