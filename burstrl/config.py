@@ -298,6 +298,8 @@ class RentConfig:
     """How long a new machine may take to accept SSH before the session gives up."""
     report_every_seconds: float = 60.0
     """How often elapsed time and cost so far are printed."""
+    lag: int = 1
+    """Checkpoints the sampler of a session's new iterations lags the trainer: 1 lets home sample N+1 while N trains."""
     runpod: RunPodConfig = field(default_factory=RunPodConfig)
     static: StaticConfig = field(default_factory=StaticConfig)
 
@@ -371,6 +373,8 @@ def load_config(path: Path | str = "params.yaml") -> Config:
     need(cfg.rent.reserve_minutes * 60 < cfg.rent.max_hours * 3600,
          "rent.reserve_minutes must be shorter than rent.max_hours",
          rent__reserve_minutes=cfg.rent.reserve_minutes, rent__max_hours=cfg.rent.max_hours)
+    need(cfg.rent.lag >= 0, "rent.lag must be >= 0: a sampler cannot be newer than the trainer's parent",
+         rent__lag=cfg.rent.lag)
     for role in ("policy", "reference", "reward"):
         for url in getattr(sv, role):
             if not url.startswith(("http://", "https://")):

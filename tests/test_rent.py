@@ -24,6 +24,7 @@ pytestmark = pytest.mark.slow
 API_KEY = f"rpa_{secrets.token_hex(16)}"
 HUB_TOKEN = f"hf_{secrets.token_hex(16)}"
 OUTPUTS: list[str] = []  # everything the sessions printed, for the secrets scan
+EPOCHS = 5
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +65,9 @@ def rent_params(ws, name: str, **changes) -> str:
 
 
 def start(ws, params: str, *args, env=None) -> subprocess.Popen:
+    # One iteration unless a test asks for more: a session's default, iterations until the limit, would append
+    # new ones to this module's workspace.
+    args = args if "--iterations" in args else (*args, "--iterations", "1")
     shutil.rmtree(ws["pod"] / "build", ignore_errors=True)  # each session's pod starts without progress
     # A session started from a terminal takes Ctrl-C; one started by a test run that a shell put in the
     # background would inherit SIGINT ignored. A handler here (not SIG_IGN) reaches the child as the default.
@@ -118,7 +122,8 @@ def assert_terminated_once(ws, out: str) -> str:
 def test_dry_run_prints_the_plan_and_cost_and_rents_nothing(ws):
     code, out, err = rent(ws, rent_params(ws, "dry", max_hours=4.0), "--dry-run", "--hours", "2")
     assert code == 0, err
-    assert "plan: train@001 on runpod (1x NVIDIA H200), limit 2:00:00" in out
+    assert "plan: a session loop until 1 iteration(s), sampler 1 checkpoint(s) behind (rent.lag); ready now: " \
+        "train@001; on runpod (1x NVIDIA H200), limit 2:00:00" in out
     # No train stage ran before, so the estimate is the limit: 2 h at cost.train_usd_per_hour.
     assert "estimated 2:00:00, $7.00 at $3.50/h" in out and "at most $7.00" in out
     assert ws["standin"].calls == []
@@ -221,26 +226,48 @@ def test_reap_terminates_only_this_projects_pods(ws):
     assert len(standin.terminations("old1")) == 1 and not standin.terminations("other")
 
 
-def test_static_host_burst_trains_remotely_and_dvc_records_it(ws):
+def test_a_static_host_session_loops_three_iterations_overlapping_home_and_training(ws):
     root, pod = ws["root"], ws["pod"].parent / "static-host"
     env = {"RSYNC_RSH": ws["ssh"]["rsh"]}
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["train"]["epochs"] = EPOCHS  # shorter trains than the interrupted ones above; home is the longer side
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
     params = rent_params(ws, "static", provider="static",
                          static={"host": f"{ws['ssh']['user']}@127.0.0.1:{pod}", "on_expiry": ""})
     calls = len(ws["standin"].calls)
-    code, out, err = rent(ws, params, env=env)
+    code, out, err = rent(ws, params, "--iterations", "3", env=env)
     assert code == 0, err[-3000:]
-    assert f"@127.0.0.1:{pod} is up" in out and "train 001: running on" in out
-    assert "elapsed, $" in out and "rent: train@001 done" in out and "nothing to give back" in out
-    assert "forwarded HF_TOKEN" in out
-    assert "train 001: 100 steps" in (pod / "logs/train/001.log").read_text()  # it ran there
-    assert (root / "checkpoints/001/burstrl.json").read_text() == (pod / "checkpoints/001/burstrl.json").read_text()
-    assert json.loads((root / "metrics/train/001.json").read_text())["optimizer_steps"] == 100
+    assert f"@127.0.0.1:{pod} is up" in out and out.count("rent: setup: ") == 1  # set-up paid once
+    assert "elapsed, $" in out and "nothing to give back" in out and "forwarded HF_TOKEN" in out
+    assert "appended iteration 002" in out and "appended iteration 003" in out and "iteration 004" not in out
+    steps = 4 * EPOCHS  # 32 rollouts in batches of 8
+    for key in ("001", "002", "003"):
+        assert f"rent: train@{key} done" in out and f"train {key}: running on" in out
+        assert f"train {key}: {steps} steps" in (pod / f"logs/train/{key}.log").read_text()  # it ran there
+        assert (root / f"checkpoints/{key}/burstrl.json").read_text() == \
+            (pod / f"checkpoints/{key}/burstrl.json").read_text()
+        assert json.loads((root / f"metrics/train/{key}.json").read_text())["optimizer_steps"] == steps
+    assert yaml.safe_load((root / "iterations.yaml").read_text())["iterations"]["003"] == \
+        {"parent": "002", "sampler": "001"}  # rent.lag 1
     assert ws["standin"].calls[calls:] == []  # nothing rented
     assert not (pod / ".burstrl/guard/guard.pid").exists() and not ws["secrets"].exists()
-    assert "Running stage" not in run(["dvc", "repro", "train@001"], root, ws["env"]).stdout
-    assert "train@001" not in run(["dvc", "status", "train@001"], root, ws["env"]).stdout
-    code, out, _ = rent(ws, params, env=env)
-    assert code == 0 and "nothing to rent" in out
+    assert run(["dvc", "status", "--json"], root, ws["env"]).stdout.strip() in ("", "{}")
+    assert "Running stage" not in run(["dvc", "repro"], root, ws["env"]).stdout
+
+    [report_file] = [line.split(" in ")[1] for line in out.splitlines() if line.startswith("rent: session report")]
+    summary = json.loads((root / report_file).read_text())
+    runs = {r["stage"]: r for r in summary["stages"]}
+    train = runs["train@002"]
+    overlap = [name for name in ("generate@003", "score@003")
+               if runs[name]["start"] < train["end"] and train["start"] < runs[name]["end"]]
+    assert overlap, summary["stages"]  # home sampled and scored 003 (from 001) while 002 trained there
+    assert summary["iterations_trained"] == ["001", "002", "003"]
+    assert summary["rented"]["training_seconds"] == pytest.approx(
+        sum(r["end"] - r["start"] for r in summary["stages"] if r["lane"] == "trainer"), abs=0.2)
+    for line in ("session: 3 iteration(s) trained (001, 002, 003)", "session: rented ", "GPU-hours per iteration"):
+        assert line in out
+    code, out, _ = rent(ws, params, "--dry-run", "--iterations", "1", env=env)
+    assert code == 0 and "ready now: none" in out
 
 
 def test_no_secret_in_any_file_or_log(ws):

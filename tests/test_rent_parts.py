@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from burstrl.remote.rent import disarm_in_place, estimate, guard_script, plan
+from burstrl.remote.estimate import estimate, plan
+from burstrl.remote.rent import disarm_in_place, guard_script
 
 ITERS = {"001": {"parent": "000", "sampler": "000"}, "002": {"parent": "001", "sampler": "000"},
          "003": {"parent": "002", "sampler": "002"}}

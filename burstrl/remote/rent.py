@@ -1,9 +1,11 @@
-"""A burst of training on a rented GPU: `python -m burstrl rent [--dry-run] [--hours H]`, or `reap`.
+"""A session on a rented GPU: `python -m burstrl rent [--dry-run] [--hours H] [--iterations N] [--budget USD]`;
+`python -m burstrl rent reap` ends leftover pods.
 
-`make rent-h200` runs this. One session: find the train stages whose inputs are ready (`dvc status`), rent a
-machine (burstrl.remote.providers), arm the on-machine time limit, set the machine up and check its GPU, run each
-stage with `dvc repro` here while it trains there (burstrl.remote.train_host ships its inputs and brings its outputs
-and checkpoints home), then give the machine back. Elapsed time and cost so far are printed as it goes.
+`make rent-h200` runs this. One session: start home's stages of the loop (burstrl.remote.loop) at once, rent a
+machine (burstrl.remote.providers), arm the on-machine time limit, set the machine up and check its GPU once,
+then open the loop's trainer lane, whose train stages run here while they train there (burstrl.remote.train_host
+ships their inputs and brings their outputs and checkpoints home), and give the machine back as soon as the
+trainer is done. Elapsed time and cost so far are printed as it goes, the session's split at the end.
 
 The machine is given back exactly once on every way out: success, any failure, Ctrl-C, SIGTERM, SIGHUP.
 If this side dies without a word (a laptop closed, a SIGKILL), the limit armed on the machine stops the
@@ -17,7 +19,6 @@ so every way out, signals included, ends in the one teardown at the bottom of Se
 
 import argparse
 import datetime
-import json
 import os
 import secrets
 import shlex
@@ -31,51 +32,18 @@ from pathlib import Path
 from burstrl.config import Config, load_config
 from burstrl.errors import INTERRUPTED, PARTIAL, ConfigError, ProviderError, SessionError, SyncError
 from burstrl.pipeline import iterations, status
+from burstrl.pipeline.catalog import BOOTSTRAP_STAGES
+from burstrl.pipeline.lanes import HOME, TRAINER
+from burstrl.remote.estimate import SETUP_MINUTES, clock, estimate, past_train_seconds, plan
+from burstrl.remote.loop import Loop, lines, report, write_report
 from burstrl.remote.providers import Lease, provider
 from burstrl.remote.train_host import Remote, home_path, watched
 
-SETUP_MINUTES = 15  # provisioning, install and GPU check of a fresh pod, for the estimate
 GUARD = ".burstrl/guard"  # on the machine, under the workspace: guard.pid, guard.log
 
 
 class Interrupted(BaseException):
     """SIGTERM or SIGHUP, raised like Ctrl-C's KeyboardInterrupt so the same teardown runs."""
-
-
-def plan(changed: set[str], iters: dict[str, dict]) -> tuple[list[str], list[str]]:
-    """(train stages to run, in order; why each other pending train stage must wait). A stage is ready when
-    its scored rollouts are done and its parent checkpoint is done or trained earlier in this session."""
-    ready, waiting = [], []
-    for key in sorted(iters, key=int):
-        name, parent = f"train@{key}", iters[key]["parent"]
-        if name not in changed:
-            continue
-        upstream = "bootstrap" if parent == "000" else f"train@{parent}"
-        if f"score@{key}" in changed:
-            waiting.append(f"{name}: score@{key} is not done (run `dvc repro score@{key}` on the inference box)")
-        elif upstream in changed and upstream not in ready:
-            waiting.append(f"{name}: checkpoint {parent} is not done")
-        else:
-            ready.append(name)
-    return ready, waiting
-
-
-def estimate(stages: int, past_seconds: list[float], setup_minutes: float, hours: float,
-             usd_per_hour: float) -> tuple[float, float]:
-    """(estimated hours, estimated cost): setup plus each stage at the mean of past train stages, capped by
-    the session limit; with no past stage to go by, the limit itself."""
-    if not past_seconds:
-        return hours, hours * usd_per_hour
-    expected = min(hours, setup_minutes / 60 + stages * sum(past_seconds) / len(past_seconds) / 3600)
-    return expected, expected * usd_per_hour
-
-
-def past_train_seconds(root: Path = Path(".")) -> list[float]:
-    return [json.loads(p.read_text())["seconds"] for p in sorted((root / "metrics/train").glob("*.json"))]
-
-
-def clock(seconds: float) -> str:
-    return str(datetime.timedelta(seconds=int(seconds)))
 
 
 def guard_script(workspace: str, seconds: float, self_terminate: str, secrets_file: str) -> str:
@@ -103,7 +71,7 @@ class Session:
         self.price = cfg.cost.train_usd_per_hour
         self.started = time.time()
         self.limit = self.started + hours * 3600
-        self.repro: subprocess.Popen | None = None
+        self.loop: Loop | None = None
         self.name: str | None = None
         self.done = threading.Event()
 
@@ -155,40 +123,20 @@ class Session:
         names = [line.split("=")[0].removeprefix("export ") for line in lines]
         print(f"rent: forwarded {', '.join(names) or 'no variables'} (rent.forward_env)", flush=True)
 
-    def train(self, stage: str) -> int:
-        env = {**os.environ, "BURSTRL_TRAIN_HOST": f"{self.remote.host}:{self.remote.dir}",
-               "BURSTRL_TRAIN_RSH": self.remote.ssh, "BURSTRL_TRAIN_SECRETS": self.cfg.rent.secrets_file,
-               "BURSTRL_DEADLINE": datetime.datetime.fromtimestamp(
-                   self.limit - self.cfg.rent.reserve_minutes * 60, datetime.UTC).isoformat()}
-        print(f"rent: dvc repro {stage}", flush=True)
-        # Its own process group, so that teardown stops it and the ssh it runs, whoever got the signal.
-        self.repro = subprocess.Popen([sys.executable, "-m", "dvc", "repro", "--single-item", stage], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                      start_new_session=True)
-        partial = False
-        for line in self.repro.stdout:
-            print(line, end="", flush=True)
-            partial = partial or f"exited with {PARTIAL}" in line
-        code = self.repro.wait()
-        self.repro = None
-        return PARTIAL if code and partial else code
+    def train_env(self) -> dict:
+        return {**home_env(), "BURSTRL_TRAIN_HOST": f"{self.remote.host}:{self.remote.dir}",
+                "BURSTRL_TRAIN_RSH": self.remote.ssh, "BURSTRL_TRAIN_SECRETS": self.cfg.rent.secrets_file,
+                "BURSTRL_DEADLINE": datetime.datetime.fromtimestamp(
+                    self.limit - self.cfg.rent.reserve_minutes * 60, datetime.UTC).isoformat()}
 
-    def stop_repro(self) -> None:
-        if self.repro is None or self.repro.poll() is not None:
-            return
-        os.killpg(self.repro.pid, signal.SIGTERM)
-        try:
-            self.repro.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.repro.pid, signal.SIGKILL)
-            self.repro.wait()
-
-    def teardown(self) -> bool:
-        """Stop what runs here, give the machine back, then disarm its limit and delete the secrets there (a
-        machine that could not be given back keeps its limit). Returns whether it was given back."""
+    def teardown(self, stop_home: bool) -> bool:
+        """Stop the training (and home's stages too if `stop_home`), give the machine back, then disarm its limit
+        and delete the secrets there (a machine that could not be given back keeps its limit). Returns whether
+        it was given back."""
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a second Ctrl-C must not cut this short
             signal.signal(signum, signal.SIG_IGN)
-        self.stop_repro()
+        if stop_home:
+            self.loop.lanes.stop()
         given_back = self.lease is None
         if self.lease is None and self.name is not None:
             given_back = self.provider.terminate_named(self.name)  # interrupted while the create was in flight
@@ -216,8 +164,12 @@ class Session:
         say(f"rent: session over: {self.cost_line()}", sys.stdout)
         return given_back
 
-    def run(self, stages: list[str]) -> int:
-        code = 1
+    def run(self, loop: Loop) -> int:
+        """The session: home starts on the loop's stages at once; the trainer once the machine is set up."""
+        self.loop, code = loop, 0
+        marks = {"started": self.started}
+        loop.lanes.gate.clear()
+        loop.lanes.start()
         try:
             self.name = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
             self.lease = self.provider.create(self.name)
@@ -229,23 +181,54 @@ class Session:
             self.step("setup", self.cfg.rent.setup_command)
             self.step("GPU check", self.cfg.rent.check_command)
             self.forward_secrets()
-            for stage in stages:
-                code = self.train(stage)
-                if code == PARTIAL:
-                    print(f"rent: {stage} stopped for the session's deadline; its checkpoint is home. "
-                          f"`make rent-h200` again continues it", file=sys.stderr)
-                    break
-                if code:
-                    raise SessionError(f"{stage} failed (dvc repro exit {code}); see logs/train/")
-                print(f"rent: {stage} done: {self.cost_line()}", flush=True)
+            loop.lanes.env[TRAINER] = self.train_env()
+            marks["lanes"] = time.time()
+            loop.lanes.gate.set()
+            loop.lanes.wait(TRAINER)
+            if loop.lanes.error:
+                raise SessionError(loop.lanes.error)
+            if loop.lanes.partial:
+                print("rent: training stopped for the session's deadline; its checkpoint is home. "
+                      "`make rent-h200` again continues it", file=sys.stderr)
+                code = PARTIAL
         except (ProviderError, SessionError, SyncError) as err:
             say(f"rent: error: {err}")
             code = 1
         except (KeyboardInterrupt, Interrupted):
             say("rent: interrupted: giving the machine back")
             code = INTERRUPTED
-        given_back = self.teardown()
+        marks.setdefault("lanes", time.time())
+        marks["trainer_done"] = time.time()
+        given_back = self.teardown(stop_home=code not in (0, PARTIAL))
+        marks["given_back"] = time.time()
+        code = self.finish_home(code)
+        marks["home_done"] = time.time()
+        summary = report(self.name or "session", loop.lanes.runs, marks, self.cost_at(marks["given_back"]))
+        for line in [*lines(summary), f"rent: session report in {write_report(summary)}"]:
+            say(line, sys.stdout)
         return code if given_back or code else 1
+
+    def cost_at(self, moment: float) -> float:
+        return (moment - self.started) / 3600 * self.price
+
+    def recorded(self, stage: str) -> None:
+        print(f"rent: {stage} done: {self.cost_line()}", flush=True)
+
+    def finish_home(self, code: int) -> int:
+        """With the machine given back, home ends the eval and sync of what was trained; Ctrl-C stops it."""
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, _raise_interrupted)
+        signal.signal(signal.SIGHUP, _raise_interrupted)
+        try:
+            self.loop.lanes.wait(HOME)
+        except (KeyboardInterrupt, Interrupted):
+            say("rent: interrupted: stopping home's stages")
+            self.loop.lanes.stop()
+            return INTERRUPTED
+        if self.loop.lanes.error and code in (0, PARTIAL):
+            say(f"rent: error: {self.loop.lanes.error}")
+            return 1
+        return code
 
 
 def say(line: str, stream=None) -> None:
@@ -265,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", nargs="?", choices=["run", "reap"], default="run")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and its estimated cost; rent nothing")
     parser.add_argument("--hours", type=float, help="session limit (at most rent.max_hours, the default)")
+    parser.add_argument("--iterations", type=int, help="train at most this many iterations (default: until the limit)")
+    parser.add_argument("--budget", type=float, help="start no train stage that would take the cost past this (USD)")
     parser.add_argument("--params", default="params.yaml")
     args = parser.parse_args(argv)
     try:
@@ -285,17 +270,28 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"rent: reaped {len(reaped)} machine(s) this project started{': ' if reaped else ''}{', '.join(reaped)}")
         return 0
-    stages, waiting = plan(status.changed_stages(), iterations.load())
+    changed = status.changed_stages()
+    missing = sorted(name for name in BOOTSTRAP_STAGES.values() if name in changed)
+    if missing:
+        print(f"rent: error: {', '.join(missing)} not done: run `dvc repro sync-bootstrap` first", file=sys.stderr)
+        return 1
+    ready, waiting = plan(changed, iterations.load())
     for reason in waiting:
         print(f"rent: waiting: {reason}")
-    if not stages:
-        print("rent: no train stage is ready to run: nothing to rent")
+    if args.iterations == 0:
+        print("rent: --iterations 0: nothing to rent")
         return 0
     r = cfg.rent
+    past = past_train_seconds()
+    trains = args.iterations or max(1, len(ready))
     gpus = f"{r.runpod.gpu_count}x {r.runpod.gpu_type}" if r.provider == "runpod" else r.static.host
-    expected, usd = estimate(len(stages), past_train_seconds(), SETUP_MINUTES, hours, cfg.cost.train_usd_per_hour)
-    print(f"rent: plan: {', '.join(stages)} on {r.provider} ({gpus}), limit {clock(hours * 3600)}, "
-          f"training stops {r.reserve_minutes:g} min before it")
+    until = f"{args.iterations} iteration(s)" if args.iterations else "the limit"
+    print(f"rent: plan: a session loop until {until}{f' or ${args.budget:.2f}' if args.budget else ''}, "
+          f"sampler {r.lag} checkpoint(s) behind (rent.lag); ready now: {', '.join(ready) or 'none'}; "
+          f"on {r.provider} ({gpus}), limit {clock(hours * 3600)}, training stops {r.reserve_minutes:g} min before it")
+    expected, usd = estimate(trains, past, SETUP_MINUTES, hours, cfg.cost.train_usd_per_hour)
+    if not args.iterations:
+        expected, usd = hours, hours * cfg.cost.train_usd_per_hour
     print(f"rent: estimated {clock(expected * 3600)}, ${usd:.2f} at ${cfg.cost.train_usd_per_hour:.2f}/h "
           f"(cost.train_usd_per_hour); at most ${hours * cfg.cost.train_usd_per_hour:.2f} at the limit")
     if args.dry_run:
@@ -307,7 +303,26 @@ def main(argv: list[str] | None = None) -> int:
     except ProviderError as err:
         print(f"rent: error: {err}", file=sys.stderr)
         return 1
-    return session.run(stages)
+    train_usd = sum(past) / len(past) / 3600 * cfg.cost.train_usd_per_hour if past else 0.0
+    loop = Loop(changed, {HOME: home_env(), TRAINER: {}}, r.lag, args.iterations, args.budget,
+                lambda: session.cost_at(time.time()), train_usd, on_done=session.recorded)
+    code = session.run(loop)
+    if code == 0:
+        code = record_report()
+    return code
+
+
+def home_env() -> dict:
+    """The environment of home's stages: this one, with this interpreter's scripts (dvc, python) on PATH."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("BURSTRL_TRAIN_")}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def record_report() -> int:
+    """The report stage reads every stage's metrics and the session's: recorded last, so `dvc status` is clean."""
+    done = subprocess.run([sys.executable, "-m", "dvc", "repro", "--single-item", "report"], env=home_env())
+    return done.returncode
 
 
 if __name__ == "__main__":
