@@ -11,7 +11,7 @@ EXTRA ?= cpu
 # Checkpoints the sampler of a `make iterate` iteration lags the trainer (docs/objective.md, Staleness).
 LAG ?= 0
 
-.PHONY: setup setup-quantize system browser demo repro iterate report status rent-h200 rent-plan reap bench lint test test-fast test-durations clean
+.PHONY: setup setup-quantize system browser demo repro iterate report status rent-h200 rent-plan fleet reap bench lint test test-fast test-durations clean
 
 $(VENV)/.installed-$(EXTRA): pyproject.toml
 	python3 -m venv $(VENV)
@@ -66,6 +66,10 @@ status:
 # A burst of training on a rented H200 (docs/burst-training.md): HOURS=N shortens the session's limit.
 rent-h200: setup
 	python -m burstrl rent $(if $(HOURS),--hours $(HOURS))
+
+# Home samples and scores the next iterations from the newest checkpoint while nothing is rented (Ctrl-C stops it).
+fleet: setup
+	python -m burstrl fleet
 
 # What rent-h200 would run and cost, renting nothing.
 rent-plan: setup

@@ -13,6 +13,7 @@ COMMANDS = {
     "iterations": ("burstrl.pipeline.iterations", "add an iteration to iterations.yaml"),
     "report": ("burstrl.reporting.table", "the per-iteration table"),
     "inspect": ("burstrl.reporting.rollouts", "a few scored rollouts of an iteration, token by token"),
+    "fleet": ("burstrl.remote.fleet", "home keeps the next iterations sampled and scored while nothing is rented"),
     "rent": ("burstrl.remote.rent", "a session of the RL loop on a rented GPU; `rent reap` ends leftover pods"),
 }
 

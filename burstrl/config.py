@@ -213,6 +213,36 @@ class CostConfig:
 
 
 @dataclass
+class PlanningConfig:
+    """Stage times and link speeds of the real hardware for `python -m bench.session`, the cost model of a rented
+    session (docs/burst-training.md); the defaults are the documented assumptions there. No stage reads it."""
+    session_hours: float = 10.0
+    """Length of the session (or of the wall-clock window, for one burst per iteration)."""
+    generate_minutes: float = 20.0
+    """generate of one iteration on the inference boxes."""
+    score_minutes: float = 4.0
+    """score of one iteration (reference logprobs) on the inference boxes."""
+    eval_minutes: float = 3.0
+    """eval of one checkpoint on the inference boxes."""
+    sync_minutes: float = 5.0
+    """sync of one checkpoint to the boxes, quantization included."""
+    train_minutes: float = 15.0
+    """One train stage's optimizer steps on the rented GPU."""
+    setup_minutes: float = 15.0
+    """Pod start, image pull and `make setup EXTRA=cuda` on a fresh machine."""
+    teardown_minutes: float = 1.0
+    """Giving the machine back."""
+    checkpoint_gb: float = 2.0
+    """Size of one checkpoint (1B parameters in bf16: 2 GB)."""
+    rollouts_gb: float = 0.05
+    """Size of one iteration's scored rollouts."""
+    uplink_mbps: float = 40.0
+    """Home's upload speed: checkpoints and rollouts to the rented machine."""
+    downlink_mbps: float = 300.0
+    """Home's download speed: checkpoints back from the rented machine."""
+
+
+@dataclass
 class ResumeConfig:
     """How work is saved against interruption (docs/resume.md). None of it changes a result, so only the report
     stage tracks this section: changing it, or setting a deadline for one session, re-runs no computation."""
@@ -319,6 +349,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
     cost: CostConfig = field(default_factory=CostConfig)
+    planning: PlanningConfig = field(default_factory=PlanningConfig)
     resume: ResumeConfig = field(default_factory=ResumeConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     rent: RentConfig = field(default_factory=RentConfig)

@@ -11,7 +11,9 @@ import yaml
 from bench.__main__ import ratios, verdicts
 from bench.pipeline import tiled
 from bench.watch import stage_key, watch
+from burstrl.config import PlanningConfig
 from burstrl.pipeline import workspace
+from burstrl.remote.estimate import strategies, transfer_minutes
 
 
 @pytest.mark.parametrize(("cmdline", "key"), [
@@ -91,3 +93,19 @@ def test_scratch_merges_sections_and_replaces_scalars(tmp_path):
     assert env["HF_HUB_OFFLINE"] == "0" and env["DVC_NO_ANALYTICS"] == "1"
     assert (tmp_path / ".git").is_dir()
     assert (tmp_path / "dvc.yaml").read_bytes() == (workspace.REPO / "dvc.yaml").read_bytes()
+
+
+def test_the_session_cost_model_from_hand_computed_stage_times():
+    p = PlanningConfig(session_hours=10, generate_minutes=20, score_minutes=4, eval_minutes=3, sync_minutes=5,
+                       train_minutes=15, setup_minutes=15, teardown_minutes=1, checkpoint_gb=0, rollouts_gb=0)
+    burst, lag0, lag1 = strategies(p, train_usd=4.0, inference_usd=0.0)
+    # A burst: home 32 min, then 15 set-up + 15 train + 1 teardown rented: 63 min, 9 in 600; 279 rented minutes.
+    assert burst == {"strategy": "one burst per iteration", "iterations": 9, "minutes_per_iteration": 63.0,
+                     "gpu_hours_per_iteration": round(279 / 60 / 9, 3), "usd_per_iteration": round(279 / 60 * 4 / 9, 2),
+                     "training_share": round(135 / 279, 3)}
+    # Lag 0: sync 5 + generate 20 + score 4 + train 15 (eval beside the next train) = 44; (600 - 16) / 44 -> 13.
+    assert (lag0["iterations"], lag0["minutes_per_iteration"], lag0["usd_per_iteration"]) == (13, 44.0, 3.08)
+    # Lag 1: the longer side, home's 32 minutes; 584 / 32 -> 18; 10 rented hours at $4 over 18.
+    assert (lag1["iterations"], lag1["minutes_per_iteration"], lag1["usd_per_iteration"]) == (18, 32.0, 2.22)
+    assert lag1["training_share"] == 0.45
+    assert transfer_minutes(2.0, 40.0) == pytest.approx(2 * 8000 / 40 / 60)  # 2 GB at 40 Mbit/s: 6.7 min

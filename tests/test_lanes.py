@@ -17,6 +17,7 @@ from dvc.repo import Repo
 
 from burstrl.pipeline import iterations
 from burstrl.pipeline.lanes import HOME, TRAINER, Lanes, argv, load, needs, priority, unroll
+from burstrl.remote.fleet import Prefetch
 from burstrl.remote.loop import Loop, report
 
 LAGGED = {"001": {"parent": "000", "sampler": "000"}, "002": {"parent": "001", "sampler": "000"},
@@ -159,3 +160,21 @@ def test_no_stage_outlives_its_session_killed_with_sigkill(pipeline):
     session.kill()
     session.wait()
     assert psutil.wait_procs(stage, timeout=10)[1] == []  # SIGTERM reached it when its session died
+
+
+@pytest.mark.slow
+def test_the_fleet_prepares_as_far_as_staleness_allows_and_a_session_then_only_trains(pipeline):
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
+    fleet = Prefetch(pending_of(pipeline), env, max_staleness=1, root=pipeline)
+    fleet.lanes.start()
+    fleet.lanes.wait()
+    # Nothing trained yet: 002 trains from 001 on rollouts of 000, one version stale; a third would be two.
+    assert iterations.load(pipeline / "iterations.yaml") == {k: LAGGED[k] for k in ("001", "002")}
+    assert sorted(r.stage for r in fleet.lanes.runs) == ["generate@001", "generate@002", "score@001", "score@002"]
+    session = Loop(pending_of(pipeline), {HOME: env, TRAINER: env}, lag=1, max_trains=2, budget=None,
+                   cost_so_far=lambda: 0.0, train_cost=0.0, root=pipeline)
+    session.lanes.start()
+    session.lanes.wait()
+    assert sorted(r.stage for r in session.lanes.runs) == sorted(
+        f"{s}@{k}" for s in ("train", "eval", "sync") for k in ("001", "002"))  # nothing sampled again
+    assert pending_of(pipeline) == set()

@@ -126,6 +126,7 @@ def test_dry_run_prints_the_plan_and_cost_and_rents_nothing(ws):
         "train@001; on runpod (1x NVIDIA H200), limit 2:00:00" in out
     # No train stage ran before, so the estimate is the limit: 2 h at cost.train_usd_per_hour.
     assert "estimated 2:00:00, $7.00 at $3.50/h" in out and "at most $7.00" in out
+    assert "rent: the loop at lag 1: about " in out and " iteration(s) in 2 h" in out
     assert ws["standin"].calls == []
 
 
@@ -268,6 +269,41 @@ def test_a_static_host_session_loops_three_iterations_overlapping_home_and_train
         assert line in out
     code, out, _ = rent(ws, params, "--dry-run", "--iterations", "1", env=env)
     assert code == 0 and "ready now: none" in out
+
+
+def test_the_fleet_prepares_the_next_iteration_and_the_session_that_stops_it_only_trains(ws):
+    root, pod = ws["root"], ws["pod"].parent / "static-host"
+    env = {**ws["env"], "RSYNC_RSH": ws["ssh"]["rsh"]}
+    bound = yaml.safe_load((root / "params.yaml").read_text())
+    bound["train"]["max_staleness"] = 0  # the fleet's bound only: one iteration, sampled from checkpoint 003
+    (root / "fleet.yaml").write_text(yaml.safe_dump(bound))
+    # Its output goes to files: a pipe nobody reads while it runs would fill and block it.
+    logs = {name: (root / f"fleet.{name}").open("w+") for name in ("out", "err")}
+    fleet = subprocess.Popen(["python", "-m", "burstrl", "fleet", "--params", "fleet.yaml", "--poll", "1"], cwd=root,
+                             env=env, stdout=logs["out"], stderr=logs["err"], text=True, start_new_session=True)
+    try:
+        wait_for(lambda: "score@004:" in (root / "dvc.lock").read_text(), 180, "the fleet to score iteration 004")
+        params = rent_params(ws, "static-fleet", provider="static",
+                             static={"host": f"{ws['ssh']['user']}@127.0.0.1:{pod}", "on_expiry": ""})
+        code, out, err = rent(ws, params, "--iterations", "1", env={"RSYNC_RSH": ws["ssh"]["rsh"]})
+        fleet.wait(timeout=60)
+    finally:
+        if fleet.poll() is None:
+            os.killpg(fleet.pid, signal.SIGKILL)
+        for log in logs.values():
+            log.close()
+    fleet_out, fleet_err = (root / "fleet.out").read_text(), (root / "fleet.err").read_text()
+    assert code == 0, err[-3000:]
+    assert f"stopped the fleet (pid {fleet.pid})" in out and fleet.returncode == 130
+    assert "finished shards are kept" in fleet_err and "loop: appended iteration 004" in fleet_out
+    assert yaml.safe_load((root / "iterations.yaml").read_text())["iterations"]["004"] == \
+        {"parent": "003", "sampler": "003"}
+    [report_file] = [line.split(" in ")[1] for line in out.splitlines() if line.startswith("rent: session report")]
+    summary = json.loads((root / report_file).read_text())
+    # The fleet's rollouts were used as they were: the session sampled and scored nothing.
+    assert sorted(r["stage"] for r in summary["stages"]) == ["eval@004", "sync@004", "train@004"]
+    assert summary["home"]["generate_seconds"] == summary["home"]["score_seconds"] == 0
+    assert run(["dvc", "status", "--json"], root, ws["env"]).stdout.strip() in ("", "{}")
 
 
 def test_no_secret_in_any_file_or_log(ws):

@@ -13,6 +13,9 @@ home, teardown), home seconds (per stage kind, waiting for the trainer), and per
 busy seconds, from the stages' own start and end times.
 """
 
+import os
+import signal
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +24,21 @@ from burstrl.pipeline import iterations, lanes
 from burstrl.pipeline.lanes import HOME, TRAINER, Lanes, Run
 
 HOME_KINDS = ("generate", "score", "eval", "sync")
+
+
+class Interrupted(BaseException):
+    """SIGTERM or SIGHUP, raised like Ctrl-C's KeyboardInterrupt so the same clean-up runs."""
+
+
+def raise_interrupted(signum, frame):
+    raise Interrupted(signal.Signals(signum).name)
+
+
+def home_env() -> dict:
+    """The environment of home's stages: this one, with this interpreter's scripts (dvc, python) on PATH."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("BURSTRL_TRAIN_")}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return env
 
 
 class Loop:
@@ -54,14 +72,21 @@ class Loop:
         # Without a trainer, home finishes what was trained (eval, sync) and samples nothing new.
         return self.trainer_open or kind in ("eval", "sync")
 
-    def grow(self) -> dict[str, lanes.Stage]:
+    def newest_waiting(self) -> bool:
+        """Whether the newest iteration's generate has yet to start: no new iteration is appended before."""
         newest = max(self.iters, key=int, default=None)
-        waiting = newest is not None and f"generate@{newest}" in self.lanes.pending \
-            and f"generate@{newest}" not in self.lanes.running
-        if waiting or not self.trainer_open or (self.max_trains is not None and self.planned >= self.max_trains) \
-                or not self.more_training():
+        name = f"generate@{newest}"
+        return newest is not None and name in self.lanes.pending and name not in self.lanes.running
+
+    def grow(self) -> dict[str, lanes.Stage]:
+        if self.newest_waiting() or not self.trainer_open or not self.more_training() or \
+                (self.max_trains is not None and self.planned >= self.max_trains):
             return {}
-        self.iters = iterations.with_next(self.iters, self.lag)
+        return self.append(self.lag)
+
+    def append(self, lag: int) -> dict[str, lanes.Stage]:
+        """Append the next iteration to iterations.yaml, sampled `lag` checkpoints behind; returns its stages."""
+        self.iters = iterations.with_next(self.iters, lag)
         iterations.save(self.iters, self.root / iterations.FILE)
         key = max(self.iters, key=int)
         self.planned += 1

@@ -27,23 +27,19 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 from burstrl.config import Config, load_config
 from burstrl.errors import INTERRUPTED, PARTIAL, ConfigError, ProviderError, SessionError, SyncError
 from burstrl.pipeline import iterations, status
 from burstrl.pipeline.catalog import BOOTSTRAP_STAGES
 from burstrl.pipeline.lanes import HOME, TRAINER
-from burstrl.remote.estimate import SETUP_MINUTES, clock, estimate, past_train_seconds, plan
-from burstrl.remote.loop import Loop, lines, report, write_report
+from burstrl.remote import fleet
+from burstrl.remote.estimate import clock, estimate, loop_outlook, past_train_seconds, plan
+from burstrl.remote.loop import Interrupted, Loop, home_env, lines, raise_interrupted, report, write_report
 from burstrl.remote.providers import Lease, provider
 from burstrl.remote.train_host import Remote, home_path, watched
 
 GUARD = ".burstrl/guard"  # on the machine, under the workspace: guard.pid, guard.log
-
-
-class Interrupted(BaseException):
-    """SIGTERM or SIGHUP, raised like Ctrl-C's KeyboardInterrupt so the same teardown runs."""
 
 
 def guard_script(workspace: str, seconds: float, self_terminate: str, secrets_file: str) -> str:
@@ -217,8 +213,8 @@ class Session:
     def finish_home(self, code: int) -> int:
         """With the machine given back, home ends the eval and sync of what was trained; Ctrl-C stops it."""
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, _raise_interrupted)
-        signal.signal(signal.SIGHUP, _raise_interrupted)
+        signal.signal(signal.SIGTERM, raise_interrupted)
+        signal.signal(signal.SIGHUP, raise_interrupted)
         try:
             self.loop.lanes.wait(HOME)
         except (KeyboardInterrupt, Interrupted):
@@ -237,10 +233,6 @@ def say(line: str, stream=None) -> None:
         print(line, file=stream or sys.stderr, flush=True)
     except OSError:
         pass
-
-
-def _raise_interrupted(signum, frame):
-    raise Interrupted(signal.Signals(signum).name)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -270,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"rent: reaped {len(reaped)} machine(s) this project started{': ' if reaped else ''}{', '.join(reaped)}")
         return 0
+    if not args.dry_run and (pid := fleet.stop_running()):
+        print(f"rent: stopped the fleet (pid {pid}): the session runs home's stages itself; `make fleet` after it")
     changed = status.changed_stages()
     missing = sorted(name for name in BOOTSTRAP_STAGES.values() if name in changed)
     if missing:
@@ -289,15 +283,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"rent: plan: a session loop until {until}{f' or ${args.budget:.2f}' if args.budget else ''}, "
           f"sampler {r.lag} checkpoint(s) behind (rent.lag); ready now: {', '.join(ready) or 'none'}; "
           f"on {r.provider} ({gpus}), limit {clock(hours * 3600)}, training stops {r.reserve_minutes:g} min before it")
-    expected, usd = estimate(trains, past, SETUP_MINUTES, hours, cfg.cost.train_usd_per_hour)
+    expected, usd = estimate(trains, past, cfg.planning.setup_minutes, hours, cfg.cost.train_usd_per_hour)
     if not args.iterations:
         expected, usd = hours, hours * cfg.cost.train_usd_per_hour
     print(f"rent: estimated {clock(expected * 3600)}, ${usd:.2f} at ${cfg.cost.train_usd_per_hour:.2f}/h "
           f"(cost.train_usd_per_hour); at most ${hours * cfg.cost.train_usd_per_hour:.2f} at the limit")
+    print(f"rent: {loop_outlook(cfg, hours)}")
     if args.dry_run:
         return 0
-    signal.signal(signal.SIGTERM, _raise_interrupted)
-    signal.signal(signal.SIGHUP, _raise_interrupted)
+    signal.signal(signal.SIGTERM, raise_interrupted)
+    signal.signal(signal.SIGHUP, raise_interrupted)
     try:
         session = Session(cfg, hours)
     except ProviderError as err:
@@ -310,13 +305,6 @@ def main(argv: list[str] | None = None) -> int:
     if code == 0:
         code = record_report()
     return code
-
-
-def home_env() -> dict:
-    """The environment of home's stages: this one, with this interpreter's scripts (dvc, python) on PATH."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith("BURSTRL_TRAIN_")}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    return env
 
 
 def record_report() -> int:
