@@ -143,6 +143,7 @@ def test_a_failed_stage_stops_both_lanes_and_names_itself(pipeline):
 def test_a_simple_command_runs_without_a_shell_that_would_outlive_it():
     assert argv("python stages/train.py 002 001") == ["python", "stages/train.py", "002", "001"]
     assert argv("sleep 1 && cat a > b") == ["sh", "-c", "sleep 1 && cat a > b"]
+    assert argv("exit 3") == ["sh", "-c", "exit 3"]  # a builtin: no program of that name
 
 
 @pytest.mark.slow
@@ -178,3 +179,34 @@ def test_the_fleet_prepares_as_far_as_staleness_allows_and_a_session_then_only_t
     assert sorted(r.stage for r in session.lanes.runs) == sorted(
         f"{s}@{k}" for s in ("train", "eval", "sync") for k in ("001", "002"))  # nothing sampled again
     assert pending_of(pipeline) == set()
+
+
+@pytest.mark.slow
+def test_a_stage_that_finished_but_was_not_recorded_is_recorded_not_run_again(pipeline):
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
+    stages = load({"001": LAGGED["001"]}, pipeline)
+    stages["generate@001"].cmd += " && echo ran >> generate-runs.log"
+
+    class DiesBeforeCommit(Lanes):  # what a SIGKILL between the stage's exit and its `dvc commit` leaves
+        def record(self, name):
+            return 1
+
+    first = DiesBeforeCommit(stages, {"generate@001"}, {HOME: env, TRAINER: env}, root=pipeline)
+    first.start()
+    first.wait()
+    assert (pipeline / "build/lanes/generate@001.json").is_file() and "generate@001" in pending_of(pipeline)
+    again = Lanes(stages, {"generate@001"}, {HOME: env, TRAINER: env}, root=pipeline)
+    again.start()
+    again.wait()
+    assert again.error is None and pending_of(pipeline) == {"score@001", "train@001", "eval@001", "sync@001"}
+    assert (pipeline / "generate-runs.log").read_text() == "ran\n"  # it ran once, in the first session
+    assert not (pipeline / "build/lanes/generate@001.json").exists()
+    # Outputs changed since (here by hand): the journal no longer matches, so the stage runs again.
+    first = DiesBeforeCommit(stages, {"generate@001"}, {HOME: env, TRAINER: env}, root=pipeline)
+    first.start()
+    first.wait()
+    (pipeline / "ro/001").write_text("changed\n")
+    again = Lanes(stages, {"generate@001"}, {HOME: env, TRAINER: env}, root=pipeline)
+    again.start()
+    again.wait()
+    assert (pipeline / "generate-runs.log").read_text() == "ran\n" * 3

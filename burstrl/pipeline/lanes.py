@@ -10,6 +10,7 @@ params during a session, so what `dvc commit` hashes as the stage's inputs is wh
 `dvc status` is clean and `dvc repro` runs nothing, exactly as if `dvc repro` had run each stage.
 """
 
+import json
 import os
 import re
 import shlex
@@ -25,11 +26,13 @@ from pathlib import Path
 
 import yaml
 
+from burstrl.atomic import write_json
 from burstrl.errors import PARTIAL
 
 HOME, TRAINER = "home", "trainer"
 LANE_OF = {"generate": HOME, "score": HOME, "eval": HOME, "sync": HOME, "train": TRAINER}
 _VAR = re.compile(r"\$\{(key|item\.(\w+))\}")
+JOURNAL = Path("build/lanes")  # stages that exited 0 and are not yet recorded, with what they read and wrote
 ON_DEATH = ["setpriv", "--pdeathsig", "TERM"] if shutil.which("setpriv") else []  # util-linux, on every Linux
 
 
@@ -84,9 +87,15 @@ def needs(name: str, stages: dict[str, Stage]) -> set[str]:
     return found
 
 
+def _files(path: Path) -> list[Path]:
+    return [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file()] if path.is_dir() else []
+
+
 def argv(cmd: str) -> list[str]:
-    """A simple command runs as itself, not under a shell that would outlive it; anything else under sh."""
-    return ["sh", "-c", cmd] if set(cmd) & set(";&|<>()`$*?~\\\n'\"") else shlex.split(cmd)
+    """A simple command of a program runs as that program, not under a shell that would outlive it; anything
+    else (operators, expansions, a builtin such as `exit 3`) under sh."""
+    words = [] if set(cmd) & set(";&|<>()`$*?~\\\n'\"") else shlex.split(cmd)
+    return words if words and shutil.which(words[0]) else ["sh", "-c", cmd]
 
 
 def lane(name: str) -> str | None:
@@ -161,10 +170,15 @@ class Lanes:
                 if name is None:
                     return
                 start = time.time()
-                code = self.run_stage(name, which)
+                finished = self.finished_unrecorded(name)
+                code = 0 if finished else self.run_stage(name, which)
                 if code == 0:
+                    if not finished:
+                        write_json(self.journal(name), self.fingerprint(name))
                     with self.commit_lock:
                         code = self.record(name)
+                    if code == 0:
+                        self.journal(name).unlink(missing_ok=True)
                 with self.cond:
                     self.runs.append(Run(name, which, start, time.time(), code))
                     del self.running[name]
@@ -197,6 +211,30 @@ class Lanes:
         for line in proc.stdout:
             say(f"{name}| {line.rstrip()}")
         return proc.wait()
+
+    def journal(self, name: str) -> Path:
+        return self.root / JOURNAL / f"{name}.json"
+
+    def fingerprint(self, name: str) -> dict:
+        """Size and modification time of every file the stage read and wrote: outputs are written by renaming,
+        so a file that was rewritten since has another time."""
+        stage = self.stages[name]
+        return {path: [[str(f.relative_to(self.root)), f.stat().st_size, f.stat().st_mtime_ns]
+                       for f in sorted(_files(self.root / path))] for path in stage.deps + stage.outs}
+
+    def finished_unrecorded(self, name: str) -> bool:
+        """Whether a session that died between the stage's exit 0 and its `dvc commit` left its outputs as they
+        were: then it is recorded, not run again (a train stage is never trained twice)."""
+        journal = self.journal(name)
+        try:
+            same = json.loads(journal.read_text()) == self.fingerprint(name)
+        except (FileNotFoundError, json.JSONDecodeError):
+            return False
+        if same:
+            say(f"lanes: {name} finished before its session ended and was not recorded: recording it")
+        else:
+            journal.unlink()
+        return same
 
     def record(self, name: str) -> int:
         done = subprocess.run([sys.executable, "-m", "dvc", "commit", "--force", "--quiet", name], cwd=self.root,
