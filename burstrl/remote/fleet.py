@@ -55,13 +55,18 @@ class Prefetch(Loop):
 
 
 def stop_running(root: Path = Path("."), timeout: float = 120.0) -> int | None:
-    """Stop the fleet that build/fleet.pid names, if it still runs, and wait for it; returns its pid."""
+    """Stop the fleet that build/fleet.pid names, if it still runs (SIGTERM, then SIGKILL after `timeout`), and wait
+    for it; returns its pid."""
     try:
         proc = psutil.Process(int((root / PID_FILE).read_text()))
         if "fleet" not in " ".join(proc.cmdline()):
             return None  # the pid was reused
         proc.terminate()
-        proc.wait(timeout)
+        try:
+            proc.wait(timeout)
+        except psutil.TimeoutExpired:
+            proc.kill()  # its stages end with it (burstrl.pipeline.lanes), keeping their finished shards
+            proc.wait(timeout)
         return proc.pid
     except (FileNotFoundError, ValueError, psutil.NoSuchProcess):
         return None
