@@ -56,20 +56,31 @@ class Prefetch(Loop):
 
 def stop_running(root: Path = Path("."), timeout: float = 120.0) -> int | None:
     """Stop the fleet that build/fleet.pid names, if it still runs (SIGTERM, then SIGKILL after `timeout`), and wait
-    for it; returns its pid."""
+    for it to end; returns its pid."""
     try:
         proc = psutil.Process(int((root / PID_FILE).read_text()))
         if "fleet" not in " ".join(proc.cmdline()):
             return None  # the pid was reused
         proc.terminate()
-        try:
-            proc.wait(timeout)
-        except psutil.TimeoutExpired:
+        if not _ended(proc, timeout):
             proc.kill()  # its stages end with it (burstrl.pipeline.lanes), keeping their finished shards
-            proc.wait(timeout)
+            _ended(proc, timeout)
         return proc.pid
     except (FileNotFoundError, ValueError, psutil.NoSuchProcess):
         return None
+
+
+def _ended(proc: psutil.Process, timeout: float) -> bool:
+    # Not our child: it ends as a zombie until whoever started it reaps it, which psutil's wait() would wait for.
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.2)
+    return False
 
 
 def pass_once(max_staleness: int) -> tuple[int, list[str]]:
