@@ -78,13 +78,19 @@ def load(iters: dict[str, dict], root: Path = Path(".")) -> dict[str, Stage]:
     return unroll(yaml.safe_load((root / "dvc.yaml").read_text()), iters)
 
 
-def needs(name: str, stages: dict[str, Stage]) -> set[str]:
-    """The stages whose outputs stage `name` reads (an output that is a folder holds the paths under it)."""
+def needs(name: str, stages: dict[str, Stage], made_by: dict[str, str] | None = None) -> set[str]:
+    """The stages whose outputs stage `name` reads (an output that is a folder holds the paths under it).
+    `made_by` maps each output to its stage (`producers(stages)`), for callers that ask often."""
+    made_by = producers(stages) if made_by is None else made_by
     found = set()
     for dep in stages[name].deps:
-        found.update(other for other, stage in stages.items()
-                     if other != name and any(dep == out or dep.startswith(out + "/") for out in stage.outs))
-    return found
+        parts = Path(dep).parts
+        found.update(made_by[p] for i in range(1, len(parts) + 1) if (p := "/".join(parts[:i])) in made_by)
+    return found - {name}
+
+
+def producers(stages: dict[str, Stage]) -> dict[str, str]:
+    return {out: name for name, stage in stages.items() for out in stage.outs}
 
 
 def _files(path: Path) -> list[Path]:
@@ -131,21 +137,29 @@ class Lanes:
         self.running: dict[str, subprocess.Popen | None] = {}
         self.stopped = False
         self.finished = {HOME: threading.Event(), TRAINER: threading.Event()}
+        self.made_by, self.needs = producers(self.stages), {}
         self.gate = threading.Event()  # the trainer lane starts once it is set (its machine is ready)
         self.gate.set()
+
+    def needs_of(self, name: str) -> set[str]:
+        if name not in self.needs:  # asked on every wake of every lane: worked out once per stage
+            self.needs[name] = needs(name, self.stages, self.made_by)
+        return self.needs[name]
 
     def ready(self, which: str) -> str | None:
         blocked = self.pending | set(self.running)
         candidates = [n for n in self.pending if lane(n) == which and n not in self.running
-                      and not needs(n, self.stages) & blocked and self.allow(n)]
+                      and not self.needs_of(n) & blocked and self.allow(n)]
         return min(candidates, key=priority, default=None)
 
     def next_for(self, which: str) -> str | None:
         """Under the condition: the lane's next stage, waiting while another lane's work may still unblock one;
         None once nothing can start on any lane."""
         while not self.stopped:
-            self.stages.update(new := self.grow())
-            self.pending |= set(new)
+            if new := self.grow():
+                self.stages.update(new)
+                self.made_by, self.needs = producers(self.stages), {}
+                self.pending |= set(new)
             name = self.ready(which)
             if name is not None:
                 self.running[name] = None

@@ -51,7 +51,6 @@ class Loop:
         stages = lanes.load(self.iters, root)
         pending = {name for name in pending if lanes.lane(name)}
         self.planned = sum(name.startswith("train@") for name in pending)
-        self.appended: list[str] = []
         self.lanes = Lanes(stages, pending, env, allow=self.allow, grow=self.grow, done=self.on_done, root=root)
 
     @property
@@ -90,7 +89,6 @@ class Loop:
         iterations.save(self.iters, self.root / iterations.FILE)
         key = max(self.iters, key=int)
         self.planned += 1
-        self.appended.append(key)
         entry = self.iters[key]
         lanes.say(f"loop: appended iteration {key} to {iterations.FILE}: trains from {entry['parent']}, "
                   f"samples from {entry['sampler']}")

@@ -72,8 +72,8 @@ class Session:
         self.done = threading.Event()
 
     def cost_line(self) -> str:
-        elapsed = time.time() - self.started
-        return f"{clock(elapsed)} elapsed, ${elapsed / 3600 * self.price:.2f} so far at ${self.price:.2f}/h"
+        now = time.time()
+        return f"{clock(now - self.started)} elapsed, ${self.cost_at(now):.2f} so far at ${self.price:.2f}/h"
 
     def ticker(self) -> None:
         while not self.done.wait(self.cfg.rent.report_every_seconds):
@@ -126,9 +126,9 @@ class Session:
                     self.limit - self.cfg.rent.reserve_minutes * 60, datetime.UTC).isoformat()}
 
     def teardown(self, stop_home: bool) -> bool:
-        """Stop the training (and home's stages too if `stop_home`), give the machine back, then disarm its limit
-        and delete the secrets there (a machine that could not be given back keeps its limit). Returns whether
-        it was given back."""
+        """Stop the lanes' stages if `stop_home` (after a failure or an interrupt), give the machine back, then
+        disarm its limit and delete the secrets there (a machine that could not be given back keeps its limit).
+        Returns whether it was given back."""
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a second Ctrl-C must not cut this short
             signal.signal(signum, signal.SIG_IGN)
         if stop_home:
