@@ -89,7 +89,11 @@ if __name__ == "__main__":
                 "scored": file_sha256(source), "parent": parent_meta["content_hash"], "seed": cfg.seed,
                 "generate": [g.num_generations, g.max_tokens, g.prompts_per_iteration], "train": asdict(cfg.train),
                 "processes": processes,  # each rank saved its own share of the batch and RNG state
-            })
+            }, outputs=(out, *(Path(p.format(args.iteration)) for p in (
+                "data/weights/{}.parquet", "metrics/train/{}.json", "dvclive/train/{}"))))
+            if work.finished:
+                raise Exit(0, f"train {args.iteration}: already trained from these inputs ({work.receipt}); "
+                              "its outputs are kept as that run left them")
             for broken in trainstate.discard_incomplete(work.path) if main else []:
                 print(f"train {args.iteration}: discarded {broken}, which a kill interrupted while it was written")
             saved = resume.checkpoints(work.path)
@@ -155,7 +159,7 @@ if __name__ == "__main__":
         write_table(weights, WEIGHT_FIELDS, Path(f"data/weights/{args.iteration}.parquet"))
         write_curves(f"dvclive/train/{args.iteration}", trainer.args, history)
     write_json(Path(f"metrics/train/{args.iteration}.json"), metrics)
-    work.finish()
     print(f"train {args.iteration}: {steps} steps on {metrics['rows_kept']}/{len(table)} rows, "
           f"sampler KL {metrics['sampler_kl']:.4f}, IS weights clipped {metrics['is_clipped_fraction']:.1%}, "
-          f"kl {metrics.get('kl', 0):.4f} in {metrics['seconds']}s")
+          f"kl {metrics.get('kl', 0):.4f} in {metrics['seconds']}s", flush=True)
+    work.finish()

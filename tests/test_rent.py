@@ -4,6 +4,8 @@ exit; the on-pod limit fires with this side gone; the static provider runs the w
 
 import json
 import os
+import random
+import re
 import secrets
 import shutil
 import signal
@@ -13,6 +15,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pyarrow.parquet as pq
 import pytest
 import yaml
 from conftest import REPO, clone, run
@@ -94,7 +97,7 @@ def wait_for(condition, timeout=120.0, what="condition"):
     end = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > end:
-            pytest.fail(f"timed out waiting for {what}")
+            pytest.fail(f"timed out waiting for {what() if callable(what) else what}")
         time.sleep(0.2)
 
 
@@ -263,7 +266,11 @@ def test_a_static_host_session_loops_three_iterations_overlapping_home_and_train
                if runs[name]["start"] < train["end"] and train["start"] < runs[name]["end"]]
     assert overlap, summary["stages"]  # home sampled and scored 003 (from 001) while 002 trained there
     assert summary["iterations_trained"] == ["001", "002", "003"]
-    assert summary["rented"]["training_seconds"] == pytest.approx(
+    rented = summary["rented"]
+    moved = sum(json.loads((root / f"metrics/train/{key}.json").read_text())["transfer_seconds"]
+                for key in ("001", "002", "003"))
+    assert rented["syncing_seconds"] == pytest.approx(moved, abs=0.2) and moved > 0  # shipping out, bringing home
+    assert rented["training_seconds"] + rented["syncing_seconds"] == pytest.approx(
         sum(r["end"] - r["start"] for r in summary["stages"] if r["lane"] == "trainer"), abs=0.2)
     for line in ("session: 3 iteration(s) trained (001, 002, 003)", "session: rented ", "GPU-hours per iteration"):
         assert line in out
@@ -304,6 +311,82 @@ def test_the_fleet_prepares_the_next_iteration_and_the_session_that_stops_it_onl
     assert sorted(r["stage"] for r in summary["stages"]) == ["eval@004", "sync@004", "train@004"]
     assert summary["home"]["generate_seconds"] == summary["home"]["score_seconds"] == 0
     assert run(["dvc", "status", "--json"], root, ws["env"]).stdout.strip() in ("", "{}")
+
+
+def leftovers(root: Path, host: Path) -> list[str]:
+    """Processes a killed session left in the workspace or on the host, but a limit armed there (it stays until
+    the next session disarms it)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "cwd"]):
+        cwd = proc.info["cwd"] or ""
+        if (cwd == str(root) or cwd.startswith(str(host))) and not cwd.startswith(str(host / ".burstrl/guard")):
+            found.append(" ".join(proc.info["cmdline"] or []))
+    return found
+
+
+def recorded_trains(root: Path) -> set[str]:
+    lock = yaml.safe_load((root / "dvc.lock").read_text())["stages"]
+    return {name.split("@")[1] for name in lock if name.startswith("train@")}
+
+
+KILLS, PLANNED = 5, 2
+
+
+def test_a_session_killed_at_random_points_finishes_its_iterations_when_run_again(ws):
+    root, host = ws["root"], ws["pod"].parent / "static-host"
+    env = {"RSYNC_RSH": ws["ssh"]["rsh"]}
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["train"]["epochs"] = EPOCHS  # as the session test left it, when this test runs alone
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    params = rent_params(ws, "static-kill", provider="static",
+                         static={"host": f"{ws['ssh']['user']}@127.0.0.1:{host}", "on_expiry": ""})
+    seed = int(os.environ.get("BURSTRL_KILL_SEED") or secrets.randbits(32))  # set it to replay a failure
+    rng, kills, runs = random.Random(seed), [], 0
+    before = yaml.safe_load((root / "iterations.yaml").read_text())["iterations"]
+    done_before = recorded_trains(root) & set(before)
+
+    def trained() -> set[str]:
+        return recorded_trains(root) - done_before
+
+    while len(trained()) < PLANNED:
+        runs += 1
+        assert runs <= KILLS + 3, f"seed {seed}: kills at {kills}, still not done"
+        proc = start(ws, params, "--iterations", str(PLANNED - len(trained())), env=env)
+        delay = rng.uniform(3, 30) if len(kills) < KILLS else 600
+        try:
+            out, err = proc.communicate(timeout=delay)
+        except subprocess.TimeoutExpired:
+            # The home process only, as a closed laptop or the OOM killer would: its stages end with it.
+            proc.kill()
+            kills.append(round(delay, 1))
+            out, err = proc.communicate(timeout=60)
+        OUTPUTS.extend([out, err])
+        code = proc.returncode
+        assert code in (0, -signal.SIGKILL), f"seed {seed}, kills at {kills}: exit {code}\n{err[-3000:]}"
+        wait_for(lambda: not leftovers(root, host), 60,
+                 lambda: f"the killed session's stages to end (seed {seed}, kills at {kills}): {leftovers(root, host)}")
+    assert len(kills) == KILLS, f"seed {seed}: the iterations were done after {kills}"
+
+    iters = yaml.safe_load((root / "iterations.yaml").read_text())["iterations"]
+    new = sorted(set(iters) - done_before, key=int)
+    assert len(new) == PLANNED and trained() == set(new), (seed, kills, iters)  # none appended beyond the plan
+    steps = 4 * EPOCHS
+    for key in new:
+        for path in (f"data/rollouts/{key}.parquet", f"data/scored/{key}.parquet"):
+            rows = pq.read_table(root / path, columns=["prompt_id", "sample_index"]).to_pylist()
+            pairs = {(r["prompt_id"], r["sample_index"]) for r in rows}
+            assert len(rows) == len(pairs) == 32, (seed, kills, path)  # 8 prompts x 4: none lost, none twice
+            assert {i for _, i in pairs} == set(range(4)) and len({p for p, _ in pairs}) == 8
+        log = (host / f"logs/train/{key}.log").read_text()
+        assert len(re.findall(rf"^train {key}: {steps} steps on", log, re.M)) == 1, (seed, kills, log[-2000:])
+        assert json.loads((root / f"metrics/train/{key}.json").read_text())["optimizer_steps"] == steps
+    ledger = [line.split(" ", 1)[1] for line in (host / ".burstrl/guard/ledger.log").read_text().splitlines()]
+    armed = [line.split()[1] for line in ledger if line.startswith("armed ")]
+    for session in armed:  # each session's limit was disarmed once: by itself, or by the next after a kill
+        assert sum(line.startswith(f"disarmed {session} by ") for line in ledger) == 1, (seed, kills, ledger)
+    assert not any(line.startswith("fired") for line in ledger) and not (host / ".burstrl/guard/guard.pid").exists()
+    assert run(["dvc", "status", "--json"], root, ws["env"]).stdout.strip() in ("", "{}")
+    assert "Running stage" not in run(["dvc", "repro"], root, ws["env"]).stdout
 
 
 def test_no_secret_in_any_file_or_log(ws):

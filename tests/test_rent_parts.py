@@ -44,7 +44,7 @@ def test_the_limit_stops_the_training_and_ends_the_machine(tmp_path):
     (tmp_path / ".burstrl").mkdir()
     secrets = tmp_path / "secrets.env"
     secrets.write_text("export HF_TOKEN=x\n")
-    sh(guard_script(str(tmp_path), 1, f"touch {tmp_path / 'ended'}", str(secrets)))
+    sh(guard_script(str(tmp_path), 1, f"touch {tmp_path / 'ended'}", str(secrets), "s1"))
     (tmp_path / ".burstrl/train.pid").write_text(f"{training.pid}\n")
     assert training.wait(timeout=10) == -15  # SIGTERM from the limit
     deadline = time.monotonic() + 10
@@ -52,12 +52,21 @@ def test_the_limit_stops_the_training_and_ends_the_machine(tmp_path):
         time.sleep(0.1)
     assert (tmp_path / "ended").exists() and not secrets.exists()
     assert "session limit reached" in (tmp_path / ".burstrl/guard/guard.log").read_text()
+    assert ledger(tmp_path) == ["armed s1", "fired for s1"]
 
 
-def test_a_disarmed_limit_never_fires(tmp_path):
-    sh(guard_script(str(tmp_path), 1, f"touch {tmp_path / 'ended'}", str(tmp_path / "secrets.env")))
+def ledger(workspace) -> list[str]:
+    return [line.split(" ", 1)[1] for line in (workspace / ".burstrl/guard/ledger.log").read_text().splitlines()]
+
+
+def test_a_disarmed_limit_never_fires_and_a_new_session_disarms_the_limit_a_dead_one_left(tmp_path):
+    script = guard_script(str(tmp_path), 1, f"touch {tmp_path / 'ended'}", str(tmp_path / "secrets.env"), "s1")
+    sh(script)
     pid = int((tmp_path / ".burstrl/guard/guard.pid").read_text())
-    sh(f"cd {tmp_path}/.burstrl/guard && {disarm_in_place()}true")
+    sh(guard_script(str(tmp_path), 30, "true", str(tmp_path / "secrets.env"), "s2"))  # s1 died without a word
+    sh(f"cd {tmp_path}/.burstrl/guard && {disarm_in_place('s2')}true")
+    sh(f"cd {tmp_path}/.burstrl/guard && {disarm_in_place('s2')}true")  # nothing armed: no line
     time.sleep(2)
     assert not (tmp_path / "ended").exists() and not (tmp_path / ".burstrl/guard/guard.pid").exists()
-    assert subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode != 0  # the sleep is gone too
+    assert subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode != 0  # s1's sleep is gone too
+    assert ledger(tmp_path) == ["armed s1", "disarmed s1 by s2", "armed s2", "disarmed s2 by s2"]

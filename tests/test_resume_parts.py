@@ -4,6 +4,7 @@ cadence, kill points and the reaper. Real files, real processes and real signals
 import datetime
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from transformers import TrainerControl, TrainerState
 
 from burstrl.errors import ConfigError
 from burstrl.pipeline import resume, status
-from burstrl.pipeline.orphans import watch
+from burstrl.pipeline.orphans import STAGE_TOKEN, watch
 from burstrl.training import trainstate
 
 
@@ -62,6 +63,26 @@ def test_work_directory_keeps_progress_for_the_same_inputs_and_code_only(tmp_pat
     assert "made from other inputs or code" in capsys.readouterr().out
     again.finish()
     assert not again.path.exists()
+
+
+def test_a_finished_run_with_its_outputs_in_place_is_done_and_only_for_the_same_inputs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    pipeline(tmp_path)
+    out = tmp_path / "checkpoints/001"
+    work = resume.WorkDir("generate", "001", {"policy": "abc"}, outputs=(out,))
+    assert not work.finished and work.path.is_dir()
+    out.mkdir(parents=True)
+    work.finish()
+    assert not work.path.exists() and json.loads(work.receipt.read_text()) == {"key": work.key}
+    done = resume.WorkDir("generate", "001", {"policy": "abc"}, outputs=(out,))
+    assert done.finished and not done.path.exists()  # nothing to resume, nothing kept
+    other = resume.WorkDir("generate", "001", {"policy": "abd"}, outputs=(out,))
+    assert not other.finished and not work.receipt.exists() and other.path.is_dir()
+    other.finish()
+    out.rmdir()  # as DVC deletes a stage's outputs before it runs the stage
+    assert not resume.WorkDir("generate", "001", {"policy": "abd"}, outputs=(out,)).finished
+    assert not work.receipt.exists()
+    assert not resume.WorkDir("generate", "001", {"policy": "abd"}).finished  # no outputs named: never done
 
 
 def test_shards_cover_the_rows_once_and_an_unreadable_one_is_redone(tmp_path, monkeypatch, capsys):
@@ -212,3 +233,26 @@ def test_reaper_kills_what_a_killed_process_left_behind_but_spares_the_named():
     watcher.join(timeout=30)
     assert killed == [orphan]
     os.kill(spared, signal.SIGKILL)
+
+
+def test_reaper_kills_a_child_no_poll_saw_by_the_token_in_its_environment():
+    # The child is started and the parent killed between two polls: only its environment ties it to the stage.
+    token = secrets.token_hex(8)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "import os, subprocess, sys, time\nsys.stdin.readline()\n"
+         "a = subprocess.Popen(['sleep', '302'], start_new_session=True)\nprint(a.pid, flush=True)\ntime.sleep(300)"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, STAGE_TOKEN: token})
+    stranger = subprocess.Popen(["sleep", "303"], env={**os.environ, STAGE_TOKEN: "another stage"})
+    killed: list[int] = []
+    watcher = threading.Thread(target=lambda: killed.extend(watch(parent.pid, set(), poll=3, token=token)))
+    watcher.start()
+    time.sleep(0.5)  # the watcher's one poll, before the child exists
+    parent.stdin.write("go\n")
+    parent.stdin.flush()
+    orphan = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait()
+    watcher.join(timeout=90)
+    assert killed == [orphan] and stranger.poll() is None
+    stranger.kill()
+    stranger.wait()

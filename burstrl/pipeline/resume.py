@@ -32,17 +32,25 @@ CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 
 
 class WorkDir:
-    def __init__(self, stage: str, iteration: str, inputs: dict):
+    """`outputs`, if given, are the stage's outputs, written before `finish`: when a receipt of a finished run
+    from the same inputs is there and so are they, the run is done (`finished`) and nothing is kept. A train
+    stage on a rented machine finds its result so after the side that started it died before bringing it
+    home: it is brought home, not trained again. DVC deletes outputs before a stage runs, so here a receipt
+    alone never stands for a result."""
+
+    def __init__(self, stage: str, iteration: str, inputs: dict, outputs: tuple[Path, ...] = ()):
         self.label = f"{stage} {iteration}"
         self.path = ROOT / stage / iteration
+        self.receipt = ROOT / stage / f"{iteration}.done.json"
         code = deps.code_hash(Path("stages") / f"{stage}.py")
-        key = hashlib.sha256(json.dumps({**inputs, "code": code}, sort_keys=True).encode()).hexdigest()
+        self.key = key = hashlib.sha256(json.dumps({**inputs, "code": code}, sort_keys=True).encode()).hexdigest()
+        self.finished = bool(outputs) and _key(self.receipt) == key and all(p.exists() for p in outputs)
+        if self.finished:
+            shutil.rmtree(self.path, ignore_errors=True)
+            return
+        self.receipt.unlink(missing_ok=True)
         manifest = self.path / "inputs.json"
-        try:
-            saved = json.loads(manifest.read_text())["key"] if manifest.is_file() else None
-        except (json.JSONDecodeError, KeyError):
-            saved = None
-        if self.path.exists() and saved != key:
+        if self.path.exists() and _key(manifest) != key:
             print(f"{self.label}: discarding saved progress in {self.path}: it was made from other inputs or code")
             shutil.rmtree(self.path)
         self.path.mkdir(parents=True, exist_ok=True)
@@ -50,8 +58,16 @@ class WorkDir:
             write_json(manifest, {"key": key, "inputs": inputs})
 
     def finish(self) -> None:
-        """The stage's outputs are in place: its saved progress is no longer needed."""
+        """The stage's outputs are in place: its saved progress is no longer needed; the receipt says so."""
         shutil.rmtree(self.path, ignore_errors=True)
+        write_json(self.receipt, {"key": self.key})
+
+
+def _key(path: Path) -> str | None:
+    try:
+        return json.loads(path.read_text())["key"] if path.is_file() else None
+    except (json.JSONDecodeError, KeyError):
+        return None
 
 
 _SHARD = re.compile(r"shard-(\d{5})-of-(\d{5})\.parquet")

@@ -4,6 +4,7 @@ import argparse
 import atexit
 import datetime
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -14,6 +15,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from burstrl.config import Config, load_config
 from burstrl.errors import FAILED, BurstrlError, ConfigError
+from burstrl.pipeline import orphans
 
 # Where a rank that burstrl.training.launch started writes its exit status; set only in such ranks.
 STATUS_FILE = "BURSTRL_LAUNCH_STATUS"
@@ -74,9 +76,11 @@ def watch(log: Path) -> None:
     """From here on this process's output, and its workers', also goes to `log`, and a reaper
     (burstrl.pipeline.orphans) stops what this process started if it dies."""
     global _tee
+    os.environ[orphans.STAGE_TOKEN] = token = secrets.token_hex(8)  # before this process starts anything
     _tee = _Tee(log)
     atexit.register(close_log)
-    subprocess.Popen([sys.executable, "-m", "burstrl.pipeline.orphans", str(os.getpid()), *map(str, _tee.pids)],
+    subprocess.Popen([sys.executable, "-m", "burstrl.pipeline.orphans", str(os.getpid()), token,
+                      *map(str, _tee.pids)],
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                      start_new_session=True)
 

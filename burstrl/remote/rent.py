@@ -35,27 +35,47 @@ from burstrl.pipeline.catalog import BOOTSTRAP_STAGES
 from burstrl.pipeline.lanes import HOME, TRAINER
 from burstrl.remote import fleet
 from burstrl.remote.estimate import clock, estimate, loop_outlook, past_train_seconds, plan
-from burstrl.remote.loop import Interrupted, Loop, home_env, lines, raise_interrupted, report, write_report
+from burstrl.remote.loop import (
+    Interrupted,
+    Loop,
+    home_env,
+    lines,
+    raise_interrupted,
+    report,
+    transfer_seconds,
+    write_report,
+)
 from burstrl.remote.providers import Lease, provider
 from burstrl.remote.train_host import Remote, home_path, watched
 
 GUARD = ".burstrl/guard"  # on the machine, under the workspace: guard.pid, guard.log
 
 
-def guard_script(workspace: str, seconds: float, self_terminate: str, secrets_file: str) -> str:
+def guard_script(workspace: str, seconds: float, self_terminate: str, secrets_file: str, session: str) -> str:
     """Arms the limit on the machine: a detached process that, `seconds` from now, stops the training,
-    deletes the forwarded secrets and runs `self_terminate`. It outlives the SSH session that starts it."""
+    deletes the forwarded secrets and runs `self_terminate`. It outlives the SSH session that starts it.
+    A limit an earlier session left armed (that session died without a word) is disarmed first. Every arm,
+    disarm and firing is a line of the machine's ledger.log, naming the session."""
+    fired = f"{stamp()} fired for {session}"
     inner = (f"sleep {int(seconds)}; echo \"$(date -u +%FT%TZ) session limit reached\"; rm -f guard.pid; "
+             f"echo \"{fired}\" >> ledger.log; "
              f"if [ -f ../train.pid ]; then kill $(cat ../train.pid); fi; rm -f {home_path(secrets_file)}; "
              f"{self_terminate or 'true'}")
     return (f"mkdir -p {shlex.quote(workspace)}/{GUARD} && cd {shlex.quote(workspace)}/{GUARD} && {{ "
-            f"{disarm_in_place()}rm -f ../train.pid; setsid sh -c {shlex.quote(inner)} > guard.log 2>&1 < /dev/null & "
-            f"echo $! > guard.pid; }}")
+            f"{disarm_in_place(session)}rm -f ../train.pid; setsid sh -c {shlex.quote(inner)} > guard.log 2>&1 "
+            f"< /dev/null & echo $! > guard.pid; echo {shlex.quote(session)} > guard.session; "
+            f"echo \"{stamp()} armed {session}\" >> ledger.log; }}")
 
 
-def disarm_in_place() -> str:
-    # setsid made the guard a process group leader: killing the group ends its sleep too.
-    return "if [ -f guard.pid ]; then kill -- -$(cat guard.pid) 2>/dev/null; rm -f guard.pid; fi; "
+def disarm_in_place(by: str) -> str:
+    """Disarms the armed limit, if any, and writes to the ledger whose it was and which session disarmed it.
+    setsid made the guard a process group leader: killing the group ends its sleep too."""
+    return ("if [ -f guard.pid ]; then kill -- -$(cat guard.pid) 2>/dev/null; rm -f guard.pid; "
+            f"echo \"{stamp()} disarmed $(cat guard.session 2>/dev/null) by {by}\" >> ledger.log; fi; ")
+
+
+def stamp() -> str:
+    return "$(date -u +%FT%TZ)"
 
 
 class Session:
@@ -101,7 +121,7 @@ class Session:
     def arm(self) -> None:
         seconds = self.limit - time.time()
         script = guard_script(self.remote.dir, seconds, self.provider.self_terminate(self.lease),
-                              self.cfg.rent.secrets_file)
+                              self.cfg.rent.secrets_file, self.name)
         if self.remote.shell(script, stdin=subprocess.DEVNULL).returncode != 0:
             raise SessionError(f"could not arm the time limit on {self.remote.host}")
         print(f"rent: the machine stops itself in {clock(seconds)} (at {self.limit_text()})", flush=True)
@@ -148,7 +168,7 @@ class Session:
             say(f"rent: COULD NOT GIVE BACK {self.lease.id if self.lease else self.name}: terminate it by hand "
                 f"(`make reap`); its own limit ends it at {self.limit_text()}")
         elif self.remote is not None:
-            disarm = (f"(cd {shlex.quote(self.remote.dir)}/{GUARD} 2>/dev/null && {disarm_in_place()}true); "
+            disarm = (f"(cd {shlex.quote(self.remote.dir)}/{GUARD} 2>/dev/null && {disarm_in_place(self.name)}true); "
                       f"rm -f {home_path(self.cfg.rent.secrets_file)}")
             try:
                 failed = self.remote.shell(disarm, capture_output=True, stdin=subprocess.DEVNULL, timeout=60).returncode
@@ -199,7 +219,9 @@ class Session:
         marks["given_back"] = time.time()
         code = self.finish_home(code)
         marks["home_done"] = time.time()
-        summary = report(self.name or "session", loop.lanes.runs, marks, self.cost_at(marks["given_back"]))
+        trains = [r.stage.split("@")[1] for r in loop.lanes.runs if r.lane == TRAINER]
+        summary = report(self.name or "session", loop.lanes.runs, marks, self.cost_at(marks["given_back"]),
+                         transfer_seconds(trains))
         for line in [*lines(summary), f"rent: session report in {write_report(summary)}"]:
             say(line, sys.stdout)
         return code if given_back or code else 1
