@@ -1,9 +1,7 @@
 import fcntl
 import os
 import shutil
-import socket
 import subprocess
-import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -13,6 +11,7 @@ import torch
 
 from burstrl.data.contract import ROLLOUT_FIELDS
 from burstrl.pipeline import workspace
+from burstrl.remote import loopback
 
 REPO = workspace.REPO
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ... under `pytest -n`; empty in one process
@@ -70,47 +69,17 @@ scratch_workspace = workspace.scratch  # a clean-clone copy with params merged a
 
 @pytest.fixture(scope="session")
 def ssh_server(tmp_path_factory):
-    """A real sshd on 127.0.0.1 for this test session; yields the RSYNC_RSH command that reaches it, its user,
-    port, the client's private key and sshd's log file.
-
-    The log goes to a file, never to a pipe: every connection logs a few hundred bytes, and an sshd writing to a
-    pipe nobody reads blocks, and stops answering, once the pipe's buffer is full."""
-    sshd = shutil.which("sshd") or "/usr/sbin/sshd"
-    if not Path(sshd).exists():
-        pytest.fail("sshd is not installed: `make system` (Debian: apt-get install openssh-server)")
-    home = tmp_path_factory.mktemp("sshd")
-    for name in ("host_key", "client_key"):
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(home / name)], check=True)
-    (home / "authorized_keys").write_text((home / "client_key.pub").read_text())
-    os.chmod(home / "authorized_keys", 0o600)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    (home / "sshd_config").write_text(
-        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {home / 'host_key'}\n"
-        f"AuthorizedKeysFile {home / 'authorized_keys'}\nPidFile {home / 'sshd.pid'}\n"
-        "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n"
-        "StrictModes no\nUsePAM no\n"
-        # Under `pytest -n` the loopback host is this worker's one core: a trainer started over SSH gets the
-        # worker's thread limits too, since sshd gives its sessions a fresh environment.
-        + "".join(f"SetEnv {k}={os.environ[k]}\n" for k in THREAD_ENV if WORKER and k in os.environ)
-    )
-    Path("/run/sshd").mkdir(exist_ok=True)
-    log = home / "sshd.log"
-    proc = subprocess.Popen([sshd, "-D", "-E", str(log), "-f", str(home / "sshd_config")],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    rsh = (f"ssh -p {port} -i {home / 'client_key'} -o BatchMode=yes -o StrictHostKeyChecking=no "
-           f"-o UserKnownHostsFile=/dev/null -o LogLevel=ERROR")
-    user = os.environ.get("USER") or subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
-    deadline = time.monotonic() + 20
-    while subprocess.run([*rsh.split(), f"{user}@127.0.0.1", "true"], capture_output=True).returncode != 0:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"sshd did not come up: {log.read_text() if log.exists() else ''}")
-        time.sleep(0.2)
-    yield {"rsh": rsh, "user": user, "port": port, "key": str(home / "client_key"), "log": log}
-    proc.terminate()
-    proc.wait(timeout=10)
+    """A real sshd on 127.0.0.1 for this test session (burstrl.remote.loopback); yields the RSYNC_RSH command that
+    reaches it, its user, port, the client's private key and sshd's log file."""
+    # Under `pytest -n` the loopback host is this worker's one core: a trainer started over SSH gets the worker's
+    # thread limits too, since sshd gives its sessions a fresh environment.
+    limits = {k: os.environ[k] for k in THREAD_ENV if WORKER and k in os.environ}
+    try:
+        server = loopback.start(tmp_path_factory.mktemp("sshd"), limits)
+    except RuntimeError as err:
+        pytest.fail(str(err))
+    yield {"rsh": server.rsh, "user": server.user, "port": server.port, "key": server.key, "log": server.log}
+    server.stop()
 
 
 class Workspace(NamedTuple):

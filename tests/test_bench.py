@@ -102,10 +102,20 @@ def test_the_session_cost_model_from_hand_computed_stage_times():
     # A burst: home 32 min, then 15 set-up + 15 train + 1 teardown rented: 63 min, 9 in 600; 279 rented minutes.
     assert burst == {"strategy": "one burst per iteration", "iterations": 9, "minutes_per_iteration": 63.0,
                      "gpu_hours_per_iteration": round(279 / 60 / 9, 3), "usd_per_iteration": round(279 / 60 * 4 / 9, 2),
-                     "training_share": round(135 / 279, 3)}
+                     "training_share": round(135 / 279, 3),
+                     "rented_minutes": {"setup": 135, "training": 135, "syncing": 0, "teardown": 9,
+                                        "waiting_for_home": 0}}
     # Lag 0: sync 5 + generate 20 + score 4 + train 15 (eval beside the next train) = 44; (600 - 16) / 44 -> 13.
     assert (lag0["iterations"], lag0["minutes_per_iteration"], lag0["usd_per_iteration"]) == (13, 44.0, 3.08)
     # Lag 1: the longer side, home's 32 minutes; 584 / 32 -> 18; 10 rented hours at $4 over 18.
     assert (lag1["iterations"], lag1["minutes_per_iteration"], lag1["usd_per_iteration"]) == (18, 32.0, 2.22)
     assert lag1["training_share"] == 0.45
+    # One set-up and teardown a session; 18 trains of 15 min; the rest of the 600 rented minutes waits for home.
+    assert lag1["rented_minutes"] == {"setup": 15, "training": 270, "syncing": 0, "teardown": 1,
+                                      "waiting_for_home": 314}
+    moved = strategies(PlanningConfig(checkpoint_gb=2, rollouts_gb=0.05, uplink_mbps=40, downlink_mbps=300),
+                       train_usd=4.0, inference_usd=0.0)[2]
+    # 2 GB up once (6.67 min), then per iteration 0.05 GB up (0.167 min) and 2 GB down (0.889 min).
+    assert moved["rented_minutes"]["syncing"] == round(2 * 8000 / 40 / 60 + moved["iterations"] * (
+        0.05 * 8000 / 40 / 60 + 2 * 8000 / 300 / 60), 1)
     assert transfer_minutes(2.0, 40.0) == pytest.approx(2 * 8000 / 40 / 60)  # 2 GB at 40 Mbit/s: 6.7 min

@@ -121,9 +121,12 @@ def test_a_lagged_loop_overlaps_home_with_training_and_dvc_records_every_stage(p
     marks = {"started": min(r.start for r in runs.values()) - 5, "lanes": min(r.start for r in runs.values())}
     marks["trainer_done"] = marks["given_back"] = runs["train@003"].end
     marks["home_done"] = max(r.end for r in runs.values())
-    summary = report("s1", loop.lanes.runs, marks, usd=3.0)
+    summary = report("s1", loop.lanes.runs, marks, usd=3.0, syncing=1.5)
     assert summary["iterations_trained"] == ["001", "002", "003"] and summary["usd_per_iteration"] == 1.0
-    assert summary["rented"]["setup_seconds"] == 5.0
+    rented = summary["rented"]
+    assert rented["setup_seconds"] == 5.0 and rented["syncing_seconds"] == 1.5
+    trainer = sum(r.end - r.start for r in loop.lanes.runs if r.lane == TRAINER)
+    assert rented["training_seconds"] == round(trainer - 1.5, 1)  # the transfers are not training
     assert summary["per_iteration"]["002"]["rented_busy_seconds"] == round(train.end - train.start, 1)
 
 

@@ -352,7 +352,7 @@ def test_a_session_killed_at_random_points_finishes_its_iterations_when_run_agai
         runs += 1
         assert runs <= KILLS + 3, f"seed {seed}: kills at {kills}, still not done"
         proc = start(ws, params, "--iterations", str(PLANNED - len(trained())), env=env)
-        delay = rng.uniform(3, 30) if len(kills) < KILLS else 600
+        delay = rng.uniform(3, 20) if len(kills) < KILLS else 600
         try:
             out, err = proc.communicate(timeout=delay)
         except subprocess.TimeoutExpired:

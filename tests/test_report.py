@@ -15,7 +15,7 @@ from PIL import Image
 from burstrl.config import CostConfig
 from burstrl.pipeline.catalog import CHARTS, PLOTS
 from burstrl.reporting.charts import COLORS, render
-from burstrl.reporting.history import collect, summary
+from burstrl.reporting.history import collect, sessions, summary
 from burstrl.reporting.rollouts import choose, describe
 from burstrl.reporting.table import render as render_table
 
@@ -151,3 +151,27 @@ def test_stage_output_also_goes_to_its_log_file(tmp_path):
     assert done.stdout == "to stdout\nfrom a child\n" and done.stderr == "to stderr\n"
     log = (tmp_path / "logs/-c/007.log").read_text()
     assert log.startswith("==== ") and all(s in log for s in ("to stdout", "to stderr", "from a child"))
+
+
+def test_report_splits_each_rented_session_by_what_each_side_was_doing(tmp_path):
+    write_run(tmp_path)
+    rows = collect(tmp_path / "metrics", tmp_path / "data/sync", COST, ["001"])
+    assert sessions(tmp_path / "metrics") == [] and "no rented session yet" in render(rows, summary(rows), {})
+    session = {"id": "20261206-101500-abcdef", "iterations_trained": ["001", "002"], "wall_seconds": 700.0,
+               "rented": {"setup_seconds": 100.0, "training_seconds": 400.0, "syncing_seconds": 50.0,
+                          "waiting_for_home_seconds": 120.0, "teardown_seconds": 10.0, "total_seconds": 680.0},
+               "home": {"generate_seconds": 300.0, "score_seconds": 200.0, "eval_seconds": 40.0, "sync_seconds": 20.0,
+                        "waiting_for_trainer_seconds": 140.0},
+               "usd": 0.68, "usd_per_iteration": 0.34, "gpu_hours_per_iteration": 0.0944}
+    (tmp_path / "metrics/session").mkdir()
+    (tmp_path / "metrics/session/20261206-101500-abcdef.json").write_text(json.dumps(session))
+    [row] = sessions(tmp_path / "metrics")
+    assert row["iterations"] == 2 and row["rented_syncing_seconds"] == 50.0 and row["home_score_seconds"] == 200.0
+    # The rented side's parts add up to its total: 100 + 400 + 50 + 120 + 10 = 680.
+    assert sum(row[f"rented_{k}_seconds"] for k in ("setup", "training", "syncing", "waiting_for_home",
+                                                     "teardown")) == row["rented_seconds"]
+    page = render(rows, summary(rows), {}, [row])
+    table = page[page.index('<table class="sessions">'):]
+    table = table[:table.index("</table>")]
+    assert "<th>rented_waiting_for_home_seconds</th>" in table and "<td>20261206-101500-abcdef</td>" in table
+    assert table.count("<tr>") == 2 and "<td>0.0944</td>" in table

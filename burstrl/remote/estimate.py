@@ -53,12 +53,14 @@ def transfer_minutes(gigabytes: float, mbps: float) -> float:
 
 def strategies(p: PlanningConfig, train_usd: float, inference_usd: float) -> list[dict]:
     """One row per way of running: iterations in the window, minutes per iteration, GPU-hours and $ per iteration,
-    and the share of rented time spent in optimizer steps."""
+    the share of rented time spent in optimizer steps, and the rented minutes split as a session reports them
+    (burstrl.remote.loop): set-up, training, syncing (checkpoints and rollouts over the links), waiting for
+    home, teardown."""
     window = p.session_hours * 60
     parent_up = transfer_minutes(p.checkpoint_gb, p.uplink_mbps)
     # What the trainer does for each iteration in a session: rollouts out, train, the new checkpoint home.
-    trainer = transfer_minutes(p.rollouts_gb, p.uplink_mbps) + p.train_minutes + \
-        transfer_minutes(p.checkpoint_gb, p.downlink_mbps)
+    moving = transfer_minutes(p.rollouts_gb, p.uplink_mbps) + transfer_minutes(p.checkpoint_gb, p.downlink_mbps)
+    trainer = moving + p.train_minutes
     home = p.generate_minutes + p.score_minutes + p.eval_minutes + p.sync_minutes
     burst_rented = p.setup_minutes + parent_up + trainer + p.teardown_minutes
     rows = []
@@ -73,10 +75,15 @@ def strategies(p: PlanningConfig, train_usd: float, inference_usd: float) -> lis
             else math.floor(window / per_iteration)
         rented = window if rented_per_iteration is None else iterations * rented_per_iteration
         n = max(1, iterations)
+        bursts = 1 if rented_per_iteration is None else iterations  # set-ups, first checkpoints up, teardowns
+        split = {"setup": bursts * p.setup_minutes, "training": iterations * p.train_minutes,
+                 "syncing": bursts * parent_up + iterations * moving, "teardown": bursts * p.teardown_minutes}
+        split["waiting_for_home"] = rented - sum(split.values())
         usd = rented / 60 * train_usd + window / 60 * inference_usd
         rows.append({"strategy": name, "iterations": iterations, "minutes_per_iteration": round(per_iteration, 1),
                      "gpu_hours_per_iteration": round(rented / 60 / n, 3), "usd_per_iteration": round(usd / n, 2),
-                     "training_share": round(iterations * p.train_minutes / rented, 3) if rented else 0.0})
+                     "training_share": round(iterations * p.train_minutes / rented, 3) if rented else 0.0,
+                     "rented_minutes": {k: round(v, 1) for k, v in split.items()}})
     return rows
 
 
@@ -100,4 +107,5 @@ def loop_outlook(cfg: Config, hours: float, root: Path = Path(".")) -> str:
     return (f"the loop at lag {cfg.rent.lag}: about {row['iterations']} iteration(s) in {hours:g} h, "
             f"{row['minutes_per_iteration']:.0f} min, ${row['usd_per_iteration']:.2f} and "
             f"{row['gpu_hours_per_iteration']:.2f} GPU-hours per iteration, {row['training_share']:.0%} of the rented "
-            "time training (past stage times where there are any, else the `planning` params)")
+            "time training (past stage times where there are any, else the `planning` params); rented minutes: "
+            + ", ".join(f"{k.replace('_', ' ')} {v:.0f}" for k, v in row["rented_minutes"].items()))

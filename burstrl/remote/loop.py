@@ -8,11 +8,12 @@ and train@N+1 can start the moment train@N is recorded. It stops appending and t
 trains or `--budget` dollars; at the session's limit the train stage itself stops with a checkpoint (exit 75).
 Once the trainer is done, home finishes the eval and sync of what was trained and starts nothing new.
 
-What the session spent is written to metrics/session/<id>.json: rented seconds (set-up, training, waiting for
-home, teardown), home seconds (per stage kind, waiting for the trainer), and per iteration its home and rented
-busy seconds, from the stages' own start and end times.
+What the session spent is written to metrics/session/<id>.json: rented seconds (set-up, training, syncing the
+train stages' inputs and outputs, waiting for home, teardown), home seconds (per stage kind, waiting for the
+trainer), and per iteration its home and rented busy seconds, from the stages' own start and end times.
 """
 
+import json
 import os
 import signal
 import sys
@@ -100,11 +101,19 @@ def busy(runs: list[Run], lane: str, key: str | None = None) -> float:
     return sum(r.end - r.start for r in runs if r.lane == lane and (key is None or r.stage.endswith(f"@{key}")))
 
 
-def report(session_id: str, runs: list[Run], marks: dict[str, float], usd: float) -> dict:
+def transfer_seconds(keys: list[str], root: Path = Path(".")) -> float:
+    """Seconds the train stages of `keys` spent moving inputs out and outputs home (burstrl.remote.train_host)."""
+    files = [root / "metrics/train" / f"{key}.json" for key in keys]
+    return sum(json.loads(f.read_text()).get("transfer_seconds", 0.0) for f in files if f.is_file())
+
+
+def report(session_id: str, runs: list[Run], marks: dict[str, float], usd: float, syncing: float = 0.0) -> dict:
     """The session's time, split by side and by what it was doing, from the runs and the session's marks:
-    started, lanes (trainer ready), trainer_done, given_back and home_done, as time.time() values."""
+    started, lanes (trainer ready), trainer_done, given_back and home_done, as time.time() values. `syncing`:
+    the seconds of the train stages' runs that were transfers (transfer_seconds), not optimizer steps."""
     trained = sorted(r.stage.split("@")[1] for r in runs if r.lane == TRAINER and r.code == 0)
     training = busy(runs, TRAINER)
+    syncing = min(syncing, training)
     trainer_window = max(0.0, marks["trainer_done"] - marks["lanes"])
     home_window = max(0.0, marks["home_done"] - marks["started"])
     home = {kind: round(sum(r.end - r.start for r in runs if r.stage.startswith(kind + "@")), 1)
@@ -118,7 +127,8 @@ def report(session_id: str, runs: list[Run], marks: dict[str, float], usd: float
         "id": session_id,
         "iterations_trained": trained,
         "wall_seconds": round(max(marks["home_done"], marks["given_back"]) - marks["started"], 1),
-        "rented": {"setup_seconds": round(marks["lanes"] - marks["started"], 1), "training_seconds": round(training, 1),
+        "rented": {"setup_seconds": round(marks["lanes"] - marks["started"], 1),
+                   "training_seconds": round(training - syncing, 1), "syncing_seconds": round(syncing, 1),
                    "waiting_for_home_seconds": round(max(0.0, trainer_window - training), 1),
                    "teardown_seconds": round(marks["given_back"] - marks["trainer_done"], 1),
                    "total_seconds": round(rented_seconds, 1)},
@@ -145,8 +155,8 @@ def lines(summary: dict) -> list[str]:
         f"session: {len(summary['iterations_trained'])} iteration(s) trained "
         f"({', '.join(summary['iterations_trained']) or 'none'}) in {summary['wall_seconds']:.0f}s",
         f"session: rented {r['total_seconds']:.0f}s: set-up {r['setup_seconds']:.0f}s, training "
-        f"{r['training_seconds']:.0f}s, waiting for home {r['waiting_for_home_seconds']:.0f}s, teardown "
-        f"{r['teardown_seconds']:.0f}s",
+        f"{r['training_seconds']:.0f}s, syncing {r['syncing_seconds']:.0f}s, waiting for home "
+        f"{r['waiting_for_home_seconds']:.0f}s, teardown {r['teardown_seconds']:.0f}s",
         "session: home " + ", ".join(f"{k.removesuffix('_seconds').replace('_', ' ')} {v:.0f}s" for k, v in h.items()),
         f"session: ${summary['usd']:.2f}, ${summary['usd_per_iteration']:.2f} and "
         f"{summary['gpu_hours_per_iteration']:.3f} GPU-hours per iteration",

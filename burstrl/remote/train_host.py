@@ -4,7 +4,8 @@ With BURSTRL_TRAIN_HOST=[user@]host:/absolute/dir in the environment, `stages/tr
 stage reads to that directory with rsync (the tracked files of this working tree, so the code DVC hashed;
 the scored rollouts; the parent checkpoint; any saved progress of this stage), runs the same command there
 with the same deadline, streams its output, and brings its outputs back, so DVC records them here as the
-stage's outputs. While it runs, complete checkpoints come home every `interval` seconds: a lost machine
+stage's outputs (metrics/train/ITER.json gains `transfer_seconds`, the time spent shipping and bringing home).
+While it runs, complete checkpoints come home every `interval` seconds: a lost machine
 costs at most one checkpoint interval, and the next run, on any host, continues from the newest one.
 
 The remote directory needs a Python environment with the project installed (`make setup EXTRA=cuda` on a
@@ -15,6 +16,7 @@ host (relative to the SSH user's home) that the training sources, which burstrl.
 """
 
 import datetime
+import json
 import os
 import shlex
 import shutil
@@ -22,8 +24,10 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
+from burstrl.atomic import write_json
 from burstrl.errors import LINK_LOST, ConfigError, SyncError
 from burstrl.pipeline import resume
 from burstrl.remote.sync import Target, ssh_command
@@ -135,7 +139,9 @@ def run_train(spec: str, ssh_configured: str, iteration: str, parent: str, param
     if work.is_dir():
         shipped.append(str(work))
     print(f"train {iteration}: running on {remote.host}:{remote.dir}", flush=True)
+    started = time.monotonic()
     remote.push(shipped)
+    moving = time.monotonic() - started
     forwarded = {k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}
     if deadline is not None:
         forwarded["BURSTRL_DEADLINE"] = datetime.datetime.fromtimestamp(deadline, datetime.UTC).isoformat()
@@ -161,12 +167,17 @@ def run_train(spec: str, ssh_configured: str, iteration: str, parent: str, param
     try:
         status = remote.run_watched(command)
     finally:
+        ended = time.monotonic()
         stop.set()
         poller.join()
         remote.pull_checkpoints(work)
     if status == 0:
-        remote.pull([f"checkpoints/{iteration}", f"data/weights/{iteration}.parquet",
-                     f"metrics/train/{iteration}.json", f"dvclive/train/{iteration}"])
+        metrics = Path(f"metrics/train/{iteration}.json")
+        remote.pull([f"checkpoints/{iteration}", f"data/weights/{iteration}.parquet", str(metrics),
+                     f"dvclive/train/{iteration}"])
+        # The session's report splits the stage's time into transfers and training with it.
+        write_json(metrics, {**json.loads(metrics.read_text()),
+                             "transfer_seconds": round(moving + time.monotonic() - ended, 2)})
         shutil.rmtree(work, ignore_errors=True)
     elif status < 0 or status == LINK_LOST:  # ssh's own failure, or ssh killed: the link, not the training
         how = f"ssh ended by {signal.Signals(-status).name}" if status < 0 else "ssh exit 255"

@@ -64,10 +64,22 @@ def line_chart(title: str, rows: list[dict], keys: list[str]) -> str:
     return "".join(out)
 
 
-def render(rows: list[dict], summary: dict, params: dict) -> str:
+def table(rows: list[dict], keys: list[str], css: str) -> str:
+    head = "".join(f"<th>{html.escape(k)}</th>" for k in keys)
+    body = "".join("<tr>" + "".join(f"<td>{_fmt(r.get(k))}</td>" for k in keys) + "</tr>" for r in rows)
+    return f'<table class="{css}"><tr>{head}</tr>{body}</table>'
+
+
+def session_table(sessions: list[dict]) -> str:
+    """Where each rented session's time went: set-up, training, syncing, waiting for home and teardown on the
+    rented side; generating, scoring, eval, sync and waiting for the trainer at home; and what an iteration cost."""
+    if not sessions:
+        return '<p class="sessions">no rented session yet (`make rent-h200`)</p>'
+    return table(sessions, list(sessions[0]), "sessions")
+
+
+def render(rows: list[dict], summary: dict, params: dict, sessions: list[dict] = ()) -> str:
     charts = "\n".join(line_chart(title, rows, keys) for title, keys in CHARTS)
-    head = "".join(f"<th>{html.escape(k)}</th>" for k in TABLE)
-    body = "".join("<tr>" + "".join(f"<td>{_fmt(r.get(k))}</td>" for k in TABLE) + "</tr>" for r in rows)
     facts = "".join(f"<tr><th>{html.escape(k)}</th><td>{_fmt(v)}</td></tr>" for k, v in summary.items())
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>burstrl run report</title>
@@ -85,7 +97,9 @@ pre {{ background: #f6f6f6; padding: 12px; font-size: 12px; }}
 {charts}
 </div>
 <h2>Per iteration</h2>
-<table class="history"><tr>{head}</tr>{body}</table>
+{table(rows, TABLE, "history")}
+<h2>Rented sessions (seconds)</h2>
+{session_table(list(sessions))}
 <h2>Params</h2>
 <pre>{html.escape(json.dumps(params, indent=2))}</pre>
 </body></html>

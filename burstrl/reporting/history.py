@@ -4,7 +4,8 @@ Row `iteration` 0 is the bootstrap policy: its held-out accuracy, and its warm-u
 training GPU's rate. Row N holds what iteration N's stages measured: the reward of its rollouts and each
 reward function's mean, the held-out accuracy of the policy it produced, KL to the reference and from the
 sampler, entropy, importance-weight statistics, staleness, completion length, seconds per stage and cost.
-Missing values are stages not run yet.
+Missing values are stages not run yet. `sessions` reads the rented sessions' reports (metrics/session/<id>.json,
+burstrl.remote.loop): one row per session, its rented and home seconds split by what each side was doing.
 """
 
 import json
@@ -75,6 +76,24 @@ def collect(metrics_dir: Path, sync_dir: Path, cost: CostConfig, iterations: lis
     # Every row gets every key (None where a stage has not run): DVC plots ignore a file whose rows differ.
     keys = list(dict.fromkeys(k for row in rows for k in row))
     return [{k: _finite(row.get(k)) for k in keys} for row in rows]
+
+
+SESSION_SPLITS = {"rented": ("setup", "training", "syncing", "waiting_for_home", "teardown"),
+                  "home": ("generate", "score", "eval", "sync", "waiting_for_trainer")}
+
+
+def sessions(metrics_dir: Path) -> list[dict]:
+    """One row per rented session, oldest first (a session's id starts with its start time)."""
+    rows = []
+    for path in sorted((metrics_dir / "session").glob("*.json")):
+        s = json.loads(path.read_text())
+        row = {"session": s["id"], "iterations": len(s["iterations_trained"]), "wall_seconds": s["wall_seconds"],
+               "rented_seconds": s["rented"]["total_seconds"]}
+        for side, parts in SESSION_SPLITS.items():
+            row.update({f"{side}_{part}_seconds": s[side].get(f"{part}_seconds") for part in parts})
+        row.update({k: s[k] for k in ("usd", "usd_per_iteration", "gpu_hours_per_iteration")})
+        rows.append(row)
+    return rows
 
 
 def summary(rows: list[dict]) -> dict:
