@@ -26,8 +26,6 @@ from burstrl.pipeline import workspace
 from burstrl.remote import loopback
 
 OUT = workspace.REPO / "build" / "bench"
-SMALL = {"task": {"heldout_size": 20}, "bootstrap": {"sft_steps": 60},
-         "generate": {"prompts_per_iteration": 8, "num_generations": 4}}
 
 
 def figures(summary: dict, iterations: int) -> dict:
@@ -74,7 +72,7 @@ def main() -> int:
     (work / "ws").mkdir(parents=True)
     (work / "sshd").mkdir()
     base = work / "ws"
-    env = workspace.scratch(base, {**SMALL, "train": {"batch_size": 8, "epochs": args.epochs}})
+    env = workspace.scratch(base, {**workspace.SMALL, "train": {**workspace.SMALL["train"], "epochs": args.epochs}})
     print("[loop] bootstrap and the first batch: dvc repro sync-bootstrap score@001", flush=True)
     subprocess.run(["dvc", "repro", "sync-bootstrap", "score@001"], cwd=base, env=env, check=True, capture_output=True)
     server = loopback.start(work / "sshd")

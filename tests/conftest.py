@@ -89,14 +89,7 @@ class Workspace(NamedTuple):
     out: str = ""
 
 
-# The one small param set of the shared workspaces: a quick bootstrap, and an iteration of 8 prompts x 4
-# completions in 4 optimizer steps. Tests that need other sizes change only the sections they need, in a clone.
-SMALL = {
-    "task": {"heldout_size": 20},
-    "bootstrap": {"sft_steps": 60},
-    "generate": {"prompts_per_iteration": 8, "num_generations": 4},
-    "train": {"batch_size": 8},
-}
+SMALL = workspace.SMALL
 # The scored workspace's train stage is long enough (100 optimizer steps) to interrupt mid-run.
 SCORED_PARAMS = {
     "train": {"epochs": 25},

@@ -14,6 +14,15 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 ONE_ITERATION = 'iterations:\n  "001": {parent: "000", sampler: "000"}\n'
+# The one small param set of the tests' shared workspaces and of bench.loop: a quick bootstrap, and an iteration
+# of 8 prompts x 4 completions in 4 optimizer steps. Tests that need other sizes change only the sections they
+# need, in a clone.
+SMALL = {
+    "task": {"heldout_size": 20},
+    "bootstrap": {"sft_steps": 60},
+    "generate": {"prompts_per_iteration": 8, "num_generations": 4},
+    "train": {"batch_size": 8},
+}
 
 
 def merge_params(path: Path, params: dict) -> None:

@@ -219,7 +219,7 @@ class Session:
         marks["given_back"] = time.time()
         code = self.finish_home(code)
         marks["home_done"] = time.time()
-        trains = [r.stage.split("@")[1] for r in loop.lanes.runs if r.lane == TRAINER]
+        trains = [r.stage.split("@")[1] for r in loop.lanes.runs if r.lane == TRAINER and r.code == 0]
         summary = report(self.name or "session", loop.lanes.runs, marks, self.cost_at(marks["given_back"]),
                          transfer_seconds(trains))
         for line in [*lines(summary), f"rent: session report in {write_report(summary)}"]:
