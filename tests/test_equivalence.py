@@ -57,7 +57,9 @@ def make_batch(tokenizer, prompt_ids, policy, reference):
             rows.append({
                 "prompt_id": pid, "sample_index": k, "prompt": PROMPTS[pid], "prompt_ids": ids,
                 "completion": tokenizer.decode(completion, skip_special_tokens=True), "completion_ids": completion,
-                "sampler_logprobs": sampler, "finish_reason": "length" if k == 3 else "stop",
+                "completion_mask": [1] * len(completion), "sampler_logprobs": sampler,
+                "finish_reason": "length" if k == 3 else "stop", "num_turns": 1, "tool_calls": 0, "tool_errors": 0,
+                "completion_messages": None, "env_reward": None,
                 "policy_version": "000", "policy_hash": "h", "sampler_weights": "checkpoint", "tokenizer_hash": "t",
                 "temperature": 1.0,
                 "top_p": 1.0, "seed": pid, "rewards": [float(k % 3)], "reward": float(k % 3),

@@ -27,6 +27,8 @@ def test_rows_become_padded_trl_batch(tmp_path):
     rows = rollout_rows(groups=2, size=4)
     rows[0]["prompt_ids"] = [1, 7, 16]
     rows[1]["completion_ids"], rows[1]["sampler_logprobs"], rows[1]["ref_logprobs"] = [9, 8, 2], [-1.0] * 3, [-2.0] * 3
+    # Row 1's middle token came from the environment: no sampler logprob, attended to, never in the loss.
+    rows[1]["completion_mask"], rows[1]["sampler_logprobs"][1] = [1, 0, 1], None
     table = as_table(rows, SCORED_FIELDS)
     trainer = make_trainer(tmp_path, table, beta=0.1)
     batch = trainer._generate_and_score_completions(table.to_pylist())
@@ -36,9 +38,10 @@ def test_rows_become_padded_trl_batch(tmp_path):
     assert batch["completion_mask"][0].tolist() == [1, 1, 0]
     assert batch["completion_ids"][1].tolist() == [9, 8, 2]
     assert batch["ref_per_token_logps"][1].tolist() == [-2.0] * 3
-    assert batch["loss_mask"][1].tolist() == [1, 1, 1]
+    assert batch["completion_mask"][1].tolist() == [1, 1, 1]
+    assert batch["loss_mask"][1].tolist() == [1, 0, 1]
     assert batch["advantages"].tolist() == [r["advantage"] for r in rows]
-    assert batch["num_items_in_batch"].item() == 2 * 7 + 3
+    assert batch["num_items_in_batch"].item() == 2 * 7 + 2
     assert batch["old_per_token_logps"].shape == (8, 3)
     # The trainer never sampled these rows, so every batch gets importance weights pi_old / sampler.
     expected = torch.exp(batch["old_per_token_logps"][0, :2] - torch.tensor([-0.5, -0.25])).clamp(max=2.0)

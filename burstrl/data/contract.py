@@ -4,8 +4,13 @@ Rollouts (generate -> score), one row per completion:
   - a group is all rows of one `prompt_id`; its `sample_index` values are exactly 0..n-1 with n >= 2;
   - `prompt_ids` and `completion_ids` are the token ids the sampler saw and produced; text columns are for
     humans and reward functions only and are never re-tokenized;
-  - `sampler_logprobs[i]` is the sampler's logprob of `completion_ids[i]` at `temperature`: same length,
-    finite, <= 0;
+  - `completion_mask[i]` is 1 where the policy sampled `completion_ids[i]` and 0 where the environment put it
+    (a tool result rendered by the chat template, docs/environments.md); same length, starts with 1;
+  - `sampler_logprobs[i]` is the sampler's logprob of `completion_ids[i]` at `temperature` where the mask is 1
+    (finite, <= 0) and null exactly where it is 0; same length;
+  - an episode's `num_turns` >= 1 model turns made `tool_calls` >= `tool_errors` >= 0 calls; a single completion is
+    one turn with none. `completion_messages` is its chat (JSON: the assistant and tool messages) or null for a
+    single completion; `env_reward` is its environment's `get_reward()` or null;
   - `policy_version` / `policy_hash` name the checkpoint that sampled the row; `sampler_weights` says which
     copy of it the sampler ran: "checkpoint" for its own files, else the label of a derived copy (quantized,
     or perturbed in tests), whose mismatch the train stage's importance weights correct;
@@ -16,7 +21,8 @@ Scored rollouts (score -> train) add:
   - `rewards`: one value per reward function, in the order of `score.reward_funcs`; `reward` their weighted sum;
   - `advantage`: group-relative, so it sums to ~0 within each group;
   - `ref_logprobs`: the frozen reference's logprob of each completion token at temperature 1, same length as
-    `completion_ids`, finite, <= 0; null in every row when score ran with train.beta = 0 (no KL term).
+    `completion_ids`, finite, <= 0 (environment tokens too: the KL term uses only the mask's 1s); null in every
+    row when score ran with train.beta = 0 (no KL term).
 Importance weights (train -> people and tests), one row per scored row, in the same order:
   - `staleness`: policy versions the sampler lagged the checkpoint training started from;
   - `keep`: whether the loss used the row (see burstrl.rl.selection.select_rows);
@@ -49,8 +55,14 @@ ROLLOUT_FIELDS = [
     pa.field("prompt_ids", pa.list_(pa.int32())),
     pa.field("completion", pa.string()),
     pa.field("completion_ids", pa.list_(pa.int32())),
+    pa.field("completion_mask", pa.list_(pa.int8())),
     pa.field("sampler_logprobs", pa.list_(pa.float32())),
     pa.field("finish_reason", pa.string()),
+    pa.field("num_turns", pa.int32()),
+    pa.field("tool_calls", pa.int32()),
+    pa.field("tool_errors", pa.int32()),
+    pa.field("completion_messages", pa.string()),
+    pa.field("env_reward", pa.float32()),
     pa.field("policy_version", pa.string()),
     pa.field("policy_hash", pa.string()),
     pa.field("sampler_weights", pa.string()),
@@ -73,7 +85,8 @@ WEIGHT_FIELDS = [
     pa.field("proximal_logprobs", pa.list_(pa.float32())),
     pa.field("is_weights", pa.list_(pa.float32())),
 ]
-FINISH_REASONS = {"stop", "length"}
+# An episode can also end on its last allowed turn with a call unanswered, or by its environment.
+FINISH_REASONS = {"stop", "length", "max_turns", "done"}
 
 
 def fail(path, row, field, problem, table=None):
@@ -96,14 +109,45 @@ def _read(path: Path, fields: list[pa.Field]) -> pa.Table:
     return table
 
 
-def _check_logprobs(path, table, name):
+def _check_logprobs(path, table, name, masks=None):
+    """Logprobs line up with the completion tokens; with `masks`, they are present exactly where the mask is 1."""
     lengths = table["completion_ids"].to_pylist()
     for row, values in enumerate(table[name].to_pylist()):
         if len(values) != len(lengths[row]):
             fail(path, row, name, f"has {len(values)} values for {len(lengths[row])} completion tokens", table)
-        bad = next((v for v in values if not math.isfinite(v) or v > 0), None)
-        if bad is not None:
-            fail(path, row, name, f"holds {bad}; logprobs must be finite and <= 0", table)
+        mask = masks[row] if masks is not None else [1] * len(values)
+        for i, (v, m) in enumerate(zip(values, mask, strict=True)):
+            if m == 0 and v is not None:
+                fail(path, row, name, f"holds {v} at environment token {i}; it must be null where the mask is 0",
+                     table)
+            if m == 1 and (v is None or not math.isfinite(v) or v > 0):
+                fail(path, row, name, f"holds {v} at token {i}; logprobs must be finite and <= 0", table)
+
+
+def _check_episodes(path, table):
+    lengths = table["completion_ids"].to_pylist()
+    masks = table["completion_mask"].to_pylist()
+    for row, mask in enumerate(masks):
+        if len(mask) != len(lengths[row]):
+            fail(path, row, "completion_mask", f"has {len(mask)} values for {len(lengths[row])} completion tokens",
+                 table)
+        if set(mask) - {0, 1} or (mask and mask[0] != 1):
+            fail(path, row, "completion_mask", "must hold only 0 and 1 and start with a policy token (1)", table)
+    counts = zip(table["num_turns"].to_pylist(), table["tool_calls"].to_pylist(), table["tool_errors"].to_pylist(),
+                 strict=True)
+    for row, (turns, calls, errors) in enumerate(counts):
+        if turns is None or turns < 1 or calls is None or errors is None or not 0 <= errors <= calls:
+            fail(path, row, "num_turns", f"turns={turns}, tool_calls={calls}, tool_errors={errors}: need turns >= 1 "
+                 "and tool_calls >= tool_errors >= 0", table)
+    for row, text in enumerate(table["completion_messages"].to_pylist()):
+        if text is not None:
+            try:
+                messages = json.loads(text)
+            except json.JSONDecodeError as err:
+                fail(path, row, "completion_messages", f"is not JSON: {err}", table)
+            if not isinstance(messages, list) or not messages:
+                fail(path, row, "completion_messages", "must be a non-empty list of chat messages", table)
+    return masks
 
 
 def _check_groups(path, table):
@@ -128,7 +172,7 @@ def _check_rollouts(path, table):
     for row, reason in enumerate(table["finish_reason"].to_pylist()):
         if reason not in FINISH_REASONS:
             fail(path, row, "finish_reason", f"is {reason!r}, expected one of {sorted(FINISH_REASONS)}", table)
-    _check_logprobs(path, table, "sampler_logprobs")
+    _check_logprobs(path, table, "sampler_logprobs", _check_episodes(path, table))
     _check_groups(path, table)
 
 

@@ -1,4 +1,5 @@
-"""The embedded verifiable task: two-digit addition with fixed train and held-out splits.
+"""The embedded verifiable tasks: two-digit addition ("addition") and three-number addition for the calculator
+tool ("tools", burstrl.env.calculator), each with fixed train and held-out splits.
 
 A task file is Parquet with one row per prompt: `prompt_id` (int64, unique), `prompt` (the text the
 policy sees) and `answer` (the text a correct completion must equal after stripping). Any other
@@ -11,6 +12,8 @@ import pyarrow as pa
 
 from burstrl.data.contract import TASK_FIELDS
 from burstrl.errors import ConfigError, ContractError
+
+TOOLS_TRAIN_SIZE = 20_000
 
 
 def addition_problems(seed: int, heldout_size: int, max_operand: int = 99) -> tuple[pa.Table, pa.Table]:
@@ -37,11 +40,33 @@ def addition_problems(seed: int, heldout_size: int, max_operand: int = 99) -> tu
     return table(pairs[heldout_size:], heldout_size), table(pairs[:heldout_size], 0)
 
 
+def three_number_problems(seed: int, heldout_size: int, max_operand: int = 99) -> tuple[pa.Table, pa.Table]:
+    """(train, heldout) tables of distinct `a+b+c=` prompts, heldout first in a seeded draw so the splits never
+    overlap."""
+    if not 0 < heldout_size < TOOLS_TRAIN_SIZE:
+        raise ConfigError(f"task.heldout_size must be in (0, {TOOLS_TRAIN_SIZE}) for task tools, got {heldout_size}")
+    rng = random.Random(f"tools:{seed}")
+    seen: set[tuple[int, int, int]] = set()
+    while len(seen) < TOOLS_TRAIN_SIZE + heldout_size:
+        seen.add((rng.randint(0, max_operand), rng.randint(0, max_operand), rng.randint(0, max_operand)))
+    triples = sorted(seen)
+    rng.shuffle(triples)
+
+    def table(rows, first_id):
+        return pa.table({"prompt_id": list(range(first_id, first_id + len(rows))),
+                         "prompt": [f"{a}+{b}+{c}=" for a, b, c in rows],
+                         "answer": [str(a + b + c) for a, b, c in rows]}, schema=pa.schema(TASK_FIELDS))
+
+    return table(triples[heldout_size:], heldout_size), table(triples[:heldout_size], 0)
+
+
 def load_task(name: str, *, seed: int, heldout_size: int, train_split: str, heldout_split: str,
               prompt_column: str, answer_column: str) -> tuple[pa.Table, pa.Table]:
     """(train, heldout) task tables: the embedded addition task, or any `datasets` dataset with the two columns."""
     if name == "addition":
         return addition_problems(seed, heldout_size)
+    if name == "tools":
+        return three_number_problems(seed, heldout_size)
     import datasets
 
     tables = []

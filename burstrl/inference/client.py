@@ -23,7 +23,7 @@ from contextlib import contextmanager
 
 from burstrl.config import ServersConfig
 from burstrl.errors import ServerError
-from burstrl.inference.engine import Sample
+from burstrl.inference.engine import Sample, per_prompt
 
 SCORE_BATCH = 32  # sequences per prompt_logprobs request: one HTTP round trip each, no per-row seeds needed
 PROBE_SECONDS = 10.0  # `/v1/models` answers at once from a live server; a silent host must not hold a stage long
@@ -207,11 +207,12 @@ class Pool:
         return sorted(work.queue)
 
     def sample(self, prompt_ids: list[list[int]], seeds: list[int], *, n: int, temperature: float, top_p: float,
-               max_tokens: int, min_tokens: int = 0) -> list[list[Sample]]:
+               max_tokens: int | list[int], min_tokens: int = 0) -> list[list[Sample]]:
         """n completions per prompt, one request per prompt so that each carries its own seed."""
-        bodies = [{"prompt": ids, "n": n, "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens,
-                   "min_tokens": min_tokens, "seed": seed, "logprobs": 0, "return_tokens_as_token_ids": True}
-                  for ids, seed in zip(prompt_ids, seeds, strict=True)]
+        budgets = per_prompt(max_tokens, len(prompt_ids))
+        bodies = [{"prompt": ids, "n": n, "temperature": temperature, "top_p": top_p, "max_tokens": m,
+                   "min_tokens": min(min_tokens, m), "seed": seed, "logprobs": 0, "return_tokens_as_token_ids": True}
+                  for ids, seed, m in zip(prompt_ids, seeds, budgets, strict=True)]
         groups = []
         for response in self.map("/v1/completions", bodies):
             group = []

@@ -40,6 +40,7 @@ def engine_args(inf: InferenceConfig, max_len: int, seed: int) -> dict:
         # vLLM's own sampling defaults, not the model's generation_config.json: a server fills fields a request
         # leaves out from it, and the offline engine and the server must sample alike.
         "generation_config": "vllm",
+        **({"max_num_batched_tokens": inf.max_num_seqs * max_len} if inf.whole_prefills else {}),
     }
 
 
@@ -77,17 +78,22 @@ def offline(policy_dir: Path, inf: InferenceConfig, max_len: int, seed: int):
         yield Offline(llm)
 
 
-def sampling_params(seeds: list[int], *, n: int, temperature: float, top_p: float, max_tokens: int,
+def per_prompt(max_tokens: int | list[int], count: int) -> list[int]:
+    """A token budget for each of `count` prompts: one for all, or one each (an episode's turns have their own)."""
+    return [max_tokens] * count if isinstance(max_tokens, int) else list(max_tokens)
+
+
+def sampling_params(seeds: list[int], *, n: int, temperature: float, top_p: float, max_tokens: int | list[int],
                     min_tokens: int = 0) -> list:
     """One request's parameters per prompt: n completions, the sampled token's logprob at each step."""
     from vllm import SamplingParams
 
-    return [SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, min_tokens=min_tokens,
-                           logprobs=0, seed=s) for s in seeds]
+    return [SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=m, min_tokens=min(min_tokens, m),
+                           logprobs=0, seed=s) for s, m in zip(seeds, per_prompt(max_tokens, len(seeds)), strict=True)]
 
 
 def sample(llm, prompt_ids: list[list[int]], seeds: list[int], *, n: int, temperature: float, top_p: float,
-           max_tokens: int, min_tokens: int = 0) -> list[list[Sample]]:
+           max_tokens: int | list[int], min_tokens: int = 0) -> list[list[Sample]]:
     """n completions per prompt; a per-request seed makes each group reproducible on its own."""
     params = sampling_params(seeds, n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
                              min_tokens=min_tokens)

@@ -6,14 +6,20 @@ weighted total skips it, as TRL does.
 """
 
 import importlib
+import json
 import math
 
 from burstrl.errors import ConfigError, ContractError
 
+# What an episode recorded, passed to every function by name beside the task columns (docs/environments.md).
+EPISODE_COLUMNS = ["num_turns", "tool_calls", "tool_errors", "env_reward"]
+
 
 def _text(completion) -> str:
-    """A completion in either TRL format: plain text, or a list of chat messages ending with the reply."""
-    return completion if isinstance(completion, str) else completion[-1]["content"]
+    """A completion in either TRL format: plain text, or chat messages whose last assistant message is the reply."""
+    if isinstance(completion, str):
+        return completion
+    return next((m["content"] for m in reversed(completion) if m["role"] == "assistant"), "")
 
 
 def exact_match(prompts, completions, completion_ids, answer, **kwargs) -> list[float]:
@@ -30,6 +36,12 @@ def digit_match(prompts, completions, completion_ids, answer, **kwargs) -> list[
         hits = sum(g == w for g, w in zip(got, want, strict=False))
         scores.append(hits / max(len(got), len(want), 1))
     return scores
+
+
+def environment_reward(prompts, completions, completion_ids, env_reward=None, **kwargs) -> list[float | None]:
+    """The episode's environment's own `get_reward()`, as TRL adds it for an environment that defines one;
+    None (skipped in the total) where it has none."""
+    return list(env_reward) if env_reward is not None else [None] * len(completions)
 
 
 def judge(prompts, completions, completion_ids, judge=None, **columns) -> list[float]:
@@ -58,17 +70,22 @@ def score_table(names: list[str], weights: list[float], source, table, task_colu
                 conversational: bool = False, extra: dict | None = None):
     """Run every reward function over a rollout table; returns (per-function values, weighted totals).
 
-    Functions get `prompts`, `completions`, `completion_ids` and each task column by name, as TRL passes
-    dataset columns; with `conversational`, prompts and completions are one-message chats as in TRL.
+    Functions get `prompts`, `completions`, `completion_ids`, each task column and EPISODE_COLUMNS by name, as TRL
+    passes dataset columns; with `conversational`, prompts are one-message chats and completions the episode's
+    messages (a single completion is one assistant message), as in TRL.
     `extra` keyword arguments go to every function too: the served judge (burstrl.inference.judge) as `judge`.
     A function that raises or returns the wrong number of values is named in the error.
     """
     funcs = [resolve(name) for name in names]
-    kwargs = {c: table[c].to_pylist() for c in task_columns}
+    present = [c for c in EPISODE_COLUMNS if c in table.column_names]
+    kwargs = {c: table[c].to_pylist() for c in task_columns + present}
     prompts, completions = table["prompt"].to_pylist(), table["completion"].to_pylist()
     if conversational:
         prompts = [[{"role": "user", "content": p}] for p in prompts]
-        completions = [[{"role": "assistant", "content": c}] for c in completions]
+        chats = (table["completion_messages"].to_pylist() if "completion_messages" in table.column_names
+                 else [None] * len(completions))
+        completions = [json.loads(chat) if chat is not None else [{"role": "assistant", "content": c}]
+                       for c, chat in zip(completions, chats, strict=True)]
     completion_ids = table["completion_ids"].to_pylist()
     per_function = []
     for name, fn in zip(names, funcs, strict=True):

@@ -9,6 +9,8 @@ import time
 
 import torch
 
+from burstrl.env.chat import rendered_episode
+
 
 def encode_pairs(tokenizer, prompts: list[str], answers: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded input ids and labels (-100 everywhere but the answer and its EOS)."""
@@ -18,6 +20,21 @@ def encode_pairs(tokenizer, prompts: list[str], answers: list[str]) -> tuple[tor
         a = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         rows.append(p + a)
         labels.append([-100] * len(p) + a)
+    return _padded(tokenizer, rows, labels)
+
+
+def encode_chats(tokenizer, chats: list[list[dict]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chats rendered by the chat template, labelled only where the assistant writes: as in an episode, the
+    prompt and the tool results (mask 0) are context, never targets."""
+    rows, labels = [], []
+    for messages in chats:
+        ids, mask = rendered_episode(tokenizer, messages)
+        rows.append(ids)
+        labels.append([tok if m else -100 for tok, m in zip(ids, mask, strict=True)])
+    return _padded(tokenizer, rows, labels)
+
+
+def _padded(tokenizer, rows, labels):
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
     lab = torch.full((len(rows), width), -100, dtype=torch.long)

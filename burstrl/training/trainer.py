@@ -10,6 +10,8 @@ colocated loop, all forced by the decoupled pipeline:
     because the sampler is never the trainer: it ran an earlier version, other precision or quantized weights;
   - the loss is `burstrl.rl.objective.grpo_loss`: TRL's, plus the KL estimator choice and a loss mask for rows
     `burstrl.rl.selection.select_rows` leaves out; the importance weight is TRL's vLLM correction, fed from Parquet;
+  - an episode's environment tokens (completion_mask 0) are context, not actions: the loss mask, the importance
+    ratio, every normalizer and every metric count policy tokens only, as TRL's tool_mask does;
   - reference logprobs come from the score stage, so TRL is built with beta=0 (it would otherwise load a
     second copy of the policy as its reference) and the KL coefficient is set afterwards;
   - with a `work` directory, the prepared batch is saved there before the first step and checkpoints are
@@ -86,8 +88,9 @@ class RolloutGRPOTrainer(GRPOTrainer):
         device = self.accelerator.device
 
         def padded(key, value, side, dtype=torch.long):
-            return pad([torch.tensor(row[key], dtype=dtype) for row in inputs], padding_value=value,
-                       padding_side=side).to(device)
+            # An environment token has no sampler logprob (null); the policy mask keeps it out of every term.
+            return pad([torch.tensor([value if v is None else v for v in row[key]], dtype=dtype) for row in inputs],
+                       padding_value=value, padding_side=side).to(device)
 
         def ones(key, side):
             return pad([torch.ones(len(row[key]), dtype=torch.long) for row in inputs], padding_value=0,
@@ -97,8 +100,10 @@ class RolloutGRPOTrainer(GRPOTrainer):
         prompt_mask = ones("prompt_ids", "left")
         completion_ids = padded("completion_ids", self.processing_class.pad_token_id, "right")
         completion_mask = ones("completion_ids", "right")
+        # Attention covers every completion token; the loss only the policy's (TRL's tool_mask).
+        policy_mask = padded("completion_mask", 0, "right")
         keep = torch.tensor([row.get("keep", True) for row in inputs], device=device)
-        loss_mask = completion_mask * keep.unsqueeze(1)
+        loss_mask = policy_mask * keep.unsqueeze(1)
         sampler = padded("sampler_logprobs", 0.0, "right", torch.float32)
         with torch.no_grad():
             proximal, _, _ = self._get_per_token_logps_and_entropies(
@@ -108,7 +113,7 @@ class RolloutGRPOTrainer(GRPOTrainer):
             )
         t = self.train_config
         # Left-out rows get their true weights too, for data/weights; the loss mask silences them.
-        ratio = objective.raw_importance_ratio(proximal, sampler, completion_mask, t.is_mode)
+        ratio = objective.raw_importance_ratio(proximal, sampler, policy_mask, t.is_mode)
         weights = objective.importance_weights(ratio, t.is_mode, t.is_cap, t.is_floor)
         self._record_start(inputs, proximal, sampler, ratio, weights, loss_mask, t.is_mode)
         batch = {
