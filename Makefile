@@ -1,4 +1,5 @@
-# burstrl: `make demo` sets up and runs the embedded CPU pipeline; `make test` runs lint and the tests.
+# burstrl: `make demo` sets up and runs the embedded CPU pipeline (TASK=tools: the tool-use task); `make test`
+# runs lint and the tests.
 SHELL := /bin/bash
 VENV := .venv
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
@@ -48,8 +49,9 @@ browser:
 
 demo: setup system repro report
 
+# TASK=tools composes conf/task/tools.yaml into params.yaml first (an experiment, as `dvc exp run -S` makes one).
 repro: setup
-	dvc repro
+	$(if $(TASK),dvc exp run -S task=$(TASK),dvc repro)
 
 iterate: setup
 	python -m burstrl iterations add --lag $(LAG)
