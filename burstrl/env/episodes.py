@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from burstrl.env import chat
 from burstrl.env.sandbox import Sandbox
 from burstrl.errors import ContractError
+from burstrl.pipeline import faults
 
 
 @dataclass
@@ -85,6 +86,7 @@ def run(sampler, tokenizer, sandbox: Sandbox, episodes: list[Episode], *, temper
             if _turn(e, context, sample, tokenizer, sandbox, max_tokens, max_turns, max_len):
                 still.append(e)
         active, turn = still, turn + 1
+        faults.point("episode_turn")
     for e in episodes:
         e.env_reward = sandbox.reward(e.key)
         sandbox.close(e.key)
