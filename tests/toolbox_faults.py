@@ -35,3 +35,24 @@ def crash() -> str:
 def nontext() -> object:
     """Returns something that is not text."""
     return object()
+
+
+class Counter:
+    """TRL's environment contract: a reset from the task row, a tool method, its own reward; done at 10."""
+
+    def reset(self, start: int = 0, **row) -> str:
+        self.value, self.done = start, False
+        return f" (counter at {start})"
+
+    def increment(self, step: int) -> int:
+        """Adds a step to the counter.
+
+        Args:
+            step: How much to add.
+        """
+        self.value += step
+        self.done = self.value >= 10
+        return self.value
+
+    def get_reward(self) -> float:
+        return float(self.value)

@@ -16,7 +16,6 @@ import select
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 
 from burstrl.config import SandboxConfig
@@ -52,7 +51,10 @@ class Sandbox:
         self.proc = subprocess.Popen([sys.executable, "-m", "burstrl.env.sandbox", spec], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, start_new_session=True, text=True, bufsize=1)
         self.live = set()
-        ready = self._read(max(60.0, self.timeout))
+        try:
+            ready = self._read(max(60.0, self.timeout))
+        except EOFError:
+            ready = None
         if ready is None or not ready.get("ok"):
             self.stop()
             detail = ready.get("error") if ready else "it exited or hung while importing"
@@ -60,13 +62,13 @@ class Sandbox:
         self.schemas = self.schemas or ready["schemas"]
 
     def _read(self, timeout: float) -> dict | None:
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self.proc.stdout], [], [], left)[0]:
-                return None
-            line = self.proc.stdout.readline()
-            return json.loads(line) if line else None
+        """The worker's next reply; None when it has not answered in time; EOFError when it is gone."""
+        if not select.select([self.proc.stdout], [], [], timeout)[0]:
+            return None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise EOFError
+        return json.loads(line)
 
     def _kill(self):
         if self.proc is not None:
@@ -87,14 +89,16 @@ class Sandbox:
             self.proc.stdin.flush()
         except BrokenPipeError:
             pass
-        reply = self._read(self.timeout)
+        try:
+            reply = self._read(self.timeout)
+        except EOFError:
+            code = self.proc.wait()
+            self._kill()
+            return {"ok": False, "error": f"the tool process died (exit code {code})", "lost": True}
         if reply is not None:
             return reply
-        code = self.proc.poll()
         self._kill()
-        if code is None:
-            return {"ok": False, "error": f"timed out after {self.timeout:g}s", "lost": True}
-        return {"ok": False, "error": f"the tool process died (exit code {code})", "lost": True}
+        return {"ok": False, "error": f"timed out after {self.timeout:g}s", "lost": True}
 
     def tool_schemas(self, environment: str) -> list[dict]:
         """The JSON schemas of the tools `environment` ("" without a factory) offers: for the prompt's chat
