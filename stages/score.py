@@ -5,8 +5,9 @@ ids with prompt_logprobs, so its logprobs line up token for token with the sampl
 train.beta = 0 there is no KL term, so the reference is not run and `ref_logprobs` is null. The reference
 pass runs in shards of resume.shard_prompts groups' rows; a killed run keeps its finished shards. With
 servers.reference set it runs on those vLLM servers (burstrl.inference.client), which must serve checkpoints/000.
-Rewards are recomputed on every run: rule-based verifiers take milliseconds, a served judge (score.judge,
-servers.reward) seconds.
+For episodes (docs/environments.md) the reward functions get the episode's messages and its counts, and the
+reference scores every token, the KL term later using only the policy's. Rewards are recomputed on every run:
+rule-based verifiers take milliseconds, a served judge (score.judge, servers.reward) seconds.
 """
 
 from contextlib import ExitStack
@@ -14,10 +15,12 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pyarrow as pa
+from transformers import AutoTokenizer
 
 from burstrl.atomic import write_json
 from burstrl.data.contract import ROLLOUT_FIELDS, SCORED_FIELDS, check_tokens, read_rollouts, write_table
 from burstrl.data.policy import file_sha256, policy_name, read_metadata
+from burstrl.env.chat import check_episode_tokens
 from burstrl.inference import client, engine
 from burstrl.inference.judge import Judge
 from burstrl.pipeline.resume import Shards, WorkDir
@@ -34,6 +37,9 @@ if __name__ == "__main__":
     with stage("score", metrics):
         source = Path(f"data/rollouts/{args.iteration}.parquet")
         rollouts = read_rollouts(source)
+        if rollouts["completion_messages"].null_count < len(rollouts):
+            # Episodes: their environment tokens are what the tools returned, as the reference tokenizes them.
+            check_episode_tokens(source, rollouts, AutoTokenizer.from_pretrained(REFERENCE))
         contract = {f.name for f in ROLLOUT_FIELDS}
         task_columns = [c for c in rollouts.column_names if c not in contract]
         with ExitStack() as stack:

@@ -61,6 +61,24 @@ def test_history_rows_and_cost_by_hand(tmp_path):
     assert facts["hours_total"] == pytest.approx((36 + 110) / 3600)
 
 
+def test_a_run_with_episodes_charts_tool_use_and_a_run_without_has_no_such_columns(tmp_path):
+    write_run(tmp_path)
+    plain = collect(tmp_path / "metrics", tmp_path / "data/sync", COST, ["001"])
+    assert "tool_use_rate" not in plain[1] and "Held-out tool use" not in render(plain, summary(plain), {})
+    put = (tmp_path / "metrics/generate/001.json"), (tmp_path / "metrics/eval/001.json")
+    put[0].write_text(json.dumps({"seconds": 20, "rollouts": 8, "turns_mean": 1.5, "tool_calls": 6, "tool_errors": 2}))
+    put[1].write_text(json.dumps({"heldout_accuracy": 0.4, "tool_use_rate": 0.25, "accuracy_with_tool": 0.8,
+                                  "accuracy_without_tool": 0.2, "seconds": 40}))
+    rows = collect(tmp_path / "metrics", tmp_path / "data/sync", COST, ["001"])
+    assert {k: rows[1][k] for k in ("turns_mean", "tool_calls_per_episode", "tool_errors_per_episode",
+                                    "tool_use_rate", "accuracy_with_tool")} == {
+        "turns_mean": 1.5, "tool_calls_per_episode": 0.75, "tool_errors_per_episode": 0.25, "tool_use_rate": 0.25,
+        "accuracy_with_tool": 0.8}
+    assert rows[0]["tool_use_rate"] is None  # the bootstrap row has no eval of its episodes in this run
+    page = render(rows, summary(rows), {})
+    assert 'aria-label="Held-out tool use and accuracy' in page and 'aria-label="Per sampled episode' in page
+
+
 def test_non_finite_values_become_null_and_are_not_drawn(tmp_path):
     write_run(tmp_path)
     path = tmp_path / "metrics/train/001.json"
@@ -128,17 +146,36 @@ def test_report_renders_in_headless_chromium(tmp_path):
 def test_inspect_shows_each_token_with_its_weights():
     row = {"prompt_id": 3, "sample_index": 1, "reward": 1.5, "rewards": [1.0, 0.5], "advantage": 0.75,
            "finish_reason": "stop", "policy_version": "001", "sampler_weights": "checkpoint", "prompt": "1+1=",
-           "completion": "2", "completion_ids": [7, 2], "sampler_logprobs": [-0.5, -0.25], "ref_logprobs": None}
+           "completion": "2", "completion_ids": [7, 2], "completion_mask": [1, 1], "sampler_logprobs": [-0.5, -0.25],
+           "ref_logprobs": None, "completion_messages": None}
     weights = {"staleness": 1, "keep": True, "proximal_logprobs": [-0.4, -0.2], "is_weights": [1.105, 1.051]}
     text = describe(row, weights, ["burstrl.rl.rewards.exact_match", "m.digit_match"], {7: "2", 2: "<eos>"}.get)
     lines = text.splitlines()
     assert "reward 1.500 (exact_match 1.0, digit_match 0.5), advantage +0.750" in lines[0]
     assert "staleness 1, used" in lines[0]
-    assert lines[4].split() == ["'2'", "-0.500", "-0.400", "-", "1.105"]
+    assert lines[4].split() == ["'2'", "1", "-0.500", "-0.400", "-", "1.105"]
     rows = [{"prompt_id": 1, "reward": r} for r in (0.2, 0.9, 0.5)] + [{"prompt_id": 2, "reward": 0.1}]
     assert choose(rows, 2, lowest=False, prompt_id=None) == [1, 2]
     assert choose(rows, 1, lowest=True, prompt_id=None) == [3]
     assert choose(rows, 1, lowest=False, prompt_id=1) == [0, 1, 2]
+
+
+def test_inspect_shows_an_episode_turn_by_turn_with_its_mask():
+    row = {"prompt_id": 0, "sample_index": 0, "reward": 1.0, "rewards": [1.0], "advantage": 0.5,
+           "finish_reason": "stop", "policy_version": "001", "sampler_weights": "checkpoint", "prompt": "1+2+3=",
+           "completion": "[..](3)|6", "completion_ids": [40, 2, 30, 31, 6, 2], "completion_mask": [1, 1, 0, 0, 1, 1],
+           "sampler_logprobs": [-0.5, -0.1, None, None, -0.2, -0.3],
+           "ref_logprobs": [-0.6, -0.1, -3.0, -2.0, -0.2, -0.3],
+           "completion_messages": "[]", "num_turns": 2, "tool_calls": 1, "tool_errors": 0, "env_reward": None}
+    weights = {"staleness": 0, "keep": True, "proximal_logprobs": [-0.5, -0.1, -2.9, -2.1, -0.2, -0.3],
+               "is_weights": [1.0] * 6}
+    lines = describe(row, weights, ["m.exact_match"], {40: "[", 2: "<eos>", 30: "(", 31: "3", 6: "6"}.get).splitlines()
+    assert lines[1] == "  episode: 2 turns, 1 tool calls, 0 errors"
+    body = lines[5:]
+    assert [line.strip() for line in body if line.startswith("  --")] == ["-- turn 1: model", "-- tool result",
+                                                                       "-- turn 2: model"]
+    # A tool-result token: mask 0, no sampler logprob, no importance weight (it is no term of the loss).
+    assert body[4].split() == ["'('", "0", "-", "-2.900", "-3.000", "-"]
 
 
 def test_stage_output_also_goes_to_its_log_file(tmp_path):

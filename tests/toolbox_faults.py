@@ -3,6 +3,7 @@
 import os
 import socket
 import time
+from pathlib import Path
 
 
 def sleepy() -> str:
@@ -56,3 +57,21 @@ class Counter:
 
     def get_reward(self) -> float:
         return float(self.value)
+
+
+ORDER = (sleepy, raises, hog, dial, crash, nontext)
+
+
+def add(a: int, b: int) -> int:
+    """Adds two integers, except that calls 1 to 6 of a stage fail in each way in turn, then every seventh.
+
+    Args:
+        a: The first integer.
+        b: The second integer.
+    """
+    # The count lives in a file: a hang or a crash restarts the worker, which must not start the cycle again.
+    counter = Path("build/faulty-add-calls")
+    calls = int(counter.read_text()) if counter.exists() else 0
+    counter.parent.mkdir(parents=True, exist_ok=True)
+    counter.write_text(str(calls + 1))
+    return ORDER[calls % 7]() if calls % 7 < len(ORDER) else a + b

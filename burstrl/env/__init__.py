@@ -1,1 +1,3 @@
-"""Multi-turn episodes: tools and environments in TRL's contract, run in a sandbox, token in and token out."""
+"""Multi-turn episodes, token in and token out: TRL's tool and environment contract by dotted name, the sandboxed
+tool worker, the chat template's conventions, the episode loop and the built-in calculator task. Imports data,
+pipeline and the base modules; the sampler it drives (an engine or a server pool) is passed in."""

@@ -18,3 +18,10 @@ PLOTS = [
 ]
 # The HTML report's charts: DVC's, and the running cost, which DVC does not plot.
 CHARTS = [*PLOTS, ("Cost so far (USD)", ["cost_usd_total"])]
+# Drawn too when the run has episodes (docs/environments.md): held-out greedy episodes and the sampled ones.
+EPISODE_CHARTS = [
+    ("Held-out tool use and accuracy with and without it", ["tool_use_rate", "accuracy_with_tool",
+                                                            "accuracy_without_tool"]),
+    ("Per sampled episode: turns, tool calls, tool errors", ["turns_mean", "tool_calls_per_episode",
+                                                             "tool_errors_per_episode"]),
+]

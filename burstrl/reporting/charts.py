@@ -7,7 +7,7 @@ browser in CI alike. `dvc plots show` gives the interactive Vega view of the sam
 import html
 import json
 
-from burstrl.pipeline.catalog import CHARTS
+from burstrl.pipeline.catalog import CHARTS, EPISODE_CHARTS
 
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd"]
 TABLE = ["iteration", "reward_mean", "heldout_accuracy", "kl_ref", "sampler_kl", "entropy", "is_clipped_fraction",
@@ -79,7 +79,8 @@ def session_table(sessions: list[dict]) -> str:
 
 
 def render(rows: list[dict], summary: dict, params: dict, sessions: list[dict] = ()) -> str:
-    charts = "\n".join(line_chart(title, rows, keys) for title, keys in CHARTS)
+    episodes = [c for c in EPISODE_CHARTS if any(r.get(k) is not None for r in rows for k in c[1])]
+    charts = "\n".join(line_chart(title, rows, keys) for title, keys in CHARTS + episodes)
     facts = "".join(f"<tr><th>{html.escape(k)}</th><td>{_fmt(v)}</td></tr>" for k, v in summary.items())
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>burstrl run report</title>

@@ -42,6 +42,18 @@ def _finite(value):
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
+def episode_columns(generate: dict, evaluation: dict) -> dict:
+    """A run with episodes: the held-out tool use and accuracy with and without it, and per sampled episode its
+    turns, calls and errors; nothing for single completions, so their history has no such columns."""
+    columns = {k: evaluation[k] for k in ("tool_use_rate", "accuracy_with_tool", "accuracy_without_tool")
+               if k in evaluation}
+    if "turns_mean" in generate:
+        columns.update(turns_mean=generate["turns_mean"],
+                       tool_calls_per_episode=generate["tool_calls"] / generate["rollouts"],
+                       tool_errors_per_episode=generate["tool_errors"] / generate["rollouts"])
+    return columns
+
+
 def collect(metrics_dir: Path, sync_dir: Path, cost: CostConfig, iterations: list[str]) -> list[dict]:
     """Rows for the bootstrap policy and `iterations` (the keys of iterations.yaml): files of iterations no
     longer listed are left out."""
@@ -66,6 +78,7 @@ def collect(metrics_dir: Path, sync_dir: Path, cost: CostConfig, iterations: lis
             "rows_dropped": (train["rows_dropped_stale"] + train["rows_dropped_zero_variance"]
                              + train["rows_masked_truncated"]) if "rows_kept" in train else None,
             "completion_length": m["generate"].get("completion_length_mean"),
+            **episode_columns(m["generate"], m["eval"]),
         }
         seconds = {s: m[s].get("seconds") for s in TIMED_STAGES}
         row.update({f"seconds_{s}": v for s, v in seconds.items()})

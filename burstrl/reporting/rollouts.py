@@ -3,7 +3,10 @@
 For eyeballing reward hacking and the off-policy correction. Each rollout shows its prompt, completion,
 reward and each reward function's value, advantage, finish reason, staleness and whether the loss used it.
 Then each token, with the sampler's, the trainer's (proximal) and the reference's logprob and the
-importance weight its loss term got. The last two columns need the train stage to have run.
+importance weight its loss term got. The last two columns need the train stage to have run. An episode
+(docs/environments.md) is shown turn by turn: a header before each model turn and each tool result, its
+counts of turns, calls and errors, and a `mask` column (1: sampled by the policy, 0: the environment's, with no
+sampler logprob and no loss term).
 """
 
 import argparse
@@ -19,27 +22,37 @@ from burstrl.errors import ContractError
 
 
 def _cell(values: list | None, i: int, fmt: str = "{:+.3f}") -> str:
-    return fmt.format(values[i]) if values else "-"
+    return fmt.format(values[i]) if values and values[i] is not None else "-"
 
 
 def describe(row: dict, weights: dict | None, reward_funcs: list[str], token_text) -> str:
     # Names from the current params; rows scored under other params show positional names instead.
     names = reward_funcs if len(reward_funcs) == len(row["rewards"]) else [f"r{i}" for i in range(len(row["rewards"]))]
     parts = ", ".join(f"{name.split('.')[-1]} {value}" for name, value in zip(names, row["rewards"], strict=True))
+    episode = row["completion_messages"] is not None
     lines = [
         f"prompt_id {row['prompt_id']} sample {row['sample_index']}: reward {row['reward']:.3f} ({parts}), "
         f"advantage {row['advantage']:+.3f}, finish {row['finish_reason']}, sampled by {row['policy_version']} "
         f"({row['sampler_weights']})"
         + (f", staleness {weights['staleness']}, {'used' if weights['keep'] else 'left out'}" if weights else ""),
+        *([f"  episode: {row['num_turns']} turns, {row['tool_calls']} tool calls, {row['tool_errors']} errors"
+           + (f", environment reward {row['env_reward']}" if row["env_reward"] is not None else "")]
+          if episode else []),
         f"  prompt:     {row['prompt']!r}",
         f"  completion: {row['completion']!r}",
-        f"  {'token':>10}  {'sampler':>8}  {'trainer':>8}  {'ref':>8}  {'is_weight':>9}",
+        f"  {'token':>10}  {'mask':>4}  {'sampler':>8}  {'trainer':>8}  {'ref':>8}  {'is_weight':>9}",
     ]
     proximal = weights["proximal_logprobs"] if weights else None
     is_weights = weights["is_weights"] if weights else None
+    mask, turn = row["completion_mask"], 0
     for i, token in enumerate(row["completion_ids"]):
-        lines.append(f"  {token_text(token)!r:>10}  {row['sampler_logprobs'][i]:+8.3f}  {_cell(proximal, i):>8}  "
-                     f"{_cell(row['ref_logprobs'], i):>8}  {_cell(is_weights, i, '{:.3f}'):>9}")
+        if episode and (i == 0 or mask[i] != mask[i - 1]):
+            turn += mask[i]
+            lines.append(f"  -- turn {turn}: model" if mask[i] else "  -- tool result")
+        policy = mask[i] == 1
+        lines.append(f"  {token_text(token)!r:>10}  {mask[i]:>4}  {_cell(row['sampler_logprobs'], i):>8}  "
+                     f"{_cell(proximal, i):>8}  {_cell(row['ref_logprobs'], i):>8}  "
+                     f"{_cell(is_weights, i, '{:.3f}') if policy else '-':>9}")
     return "\n".join(lines)
 
 
