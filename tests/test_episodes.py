@@ -6,6 +6,7 @@ the killed run must reproduce byte for byte, and the start of the full iteration
 """
 
 import json
+import shutil
 
 import datasets
 import pyarrow.parquet as pq
@@ -46,7 +47,7 @@ def tools_ws(tmp_path_factory):
 def test_a_multi_turn_iteration_runs_through_every_stage(tools_ws, tmp_path):
     root = tmp_path / "ws"
     env = clone(tools_ws, root)
-    run(["dvc", "repro", "sync@001"], root, env)
+    run(["dvc", "repro", "eval@001", "sync@001"], root, env)
     rollouts = pq.read_table(root / "data/rollouts/001.parquet").to_pylist()
     tokenizer = AutoTokenizer.from_pretrained(root / "checkpoints/000")
     episodes = [r for r in rollouts if r["tool_calls"]]
@@ -116,23 +117,25 @@ def test_a_kill_between_episode_turns_resumes_to_the_same_bytes(tools_ws, tmp_pa
     del lock["stages"]["generate@001"]
     (root / "dvc.lock").write_text(yaml.safe_dump(lock, sort_keys=False))
     # A shard plays at most env.max_turns = 4 turns, so the fifth lands inside a later shard, after one is saved.
-    killed = run(["dvc", "repro", "--single-item", "generate@001"], root, {**env, "BURSTRL_KILL_AT": "episode_turn@5"},
-                 check=False)
+    killed = run(["dvc", "repro", "--single-item", "--no-run-cache", "generate@001"], root,
+                 {**env, "BURSTRL_KILL_AT": "episode_turn@5"}, check=False)
     assert killed.returncode != 0 and not out.exists()
     assert list((root / "build/resume/generate/001").glob("shard-*"))
-    resumed = run(["dvc", "repro", "generate@001"], root, env).stdout
+    resumed = run(["dvc", "repro", "--no-run-cache", "generate@001"], root, env).stdout
     assert "shards saved by an interrupted run" in resumed
     assert out.read_bytes() == (tools_ws.root / "data/rollouts/001.parquet").read_bytes()
 
 
 def test_tools_that_hang_raise_hog_dial_crash_or_return_objects_are_counted_errors(tools_ws, tmp_path):
     root = tmp_path / "ws"
-    env = clone(tools_ws, root, {"env": {"tools": ["toolbox_faults.add"],
-                                         "sandbox": {"timeout_seconds": 1.0, "memory_mb": 256}},
-                                 "generate": {"max_tokens": 176}})
-    (root / "build/faulty-add-calls").unlink(missing_ok=True)
-    env = {**env, "PYTHONPATH": str(REPO / "tests")}
-    run(["dvc", "repro", "generate@001"], root, env)
+    env = {**clone(tools_ws, root), "PYTHONPATH": str(REPO / "tests")}
+    # The stage by hand, on params of its own: through dvc.yaml the changed env would make bootstrap run again.
+    faulty = root / "faulty.yaml"
+    shutil.copy(root / "params.yaml", faulty)
+    workspace.merge_params(faulty, {"env": {"tools": ["toolbox_faults.add"],
+                                            "sandbox": {"timeout_seconds": 1.0, "memory_mb": 256}},
+                                    "generate": {"max_tokens": 176}})
+    run(["python", "stages/generate.py", "001", "000", "--params", str(faulty)], root, env)
     rollouts = pq.read_table(root / "data/rollouts/001.parquet").to_pylist()
     assert len(rollouts) == 8 * 4
     contents = [m["content"] for r in rollouts for m in json.loads(r["completion_messages"]) if m["role"] == "tool"]
