@@ -209,7 +209,8 @@ class TrainConfig:
     drop_zero_variance_groups: bool = False
     """Leave groups whose rewards are all equal out of the loss and its token count (DAPO's dynamic sampling)."""
     mask_truncated: bool = False
-    """Leave completions cut off at generate.max_tokens (no EOS) out of the loss."""
+    """Leave completions cut off at generate.max_tokens (no EOS), and episodes ended by env.max_turns with a call
+    unanswered, out of the loss."""
     max_grad_norm: float = 1.0
     """Gradient clipping."""
     device: str = "cpu"
@@ -461,6 +462,8 @@ def load_config(path: Path | str = "params.yaml") -> Config:
     need(len(cfg.score.reward_funcs) == len(cfg.score.reward_weights),
          "score.reward_funcs and score.reward_weights must have the same length",
          score__reward_funcs=cfg.score.reward_funcs, score__reward_weights=cfg.score.reward_weights)
+    need(cfg.task.name != "tools" or cfg.env.enabled, "task tools is played in episodes: set env.tools (as "
+         "conf/task/tools.yaml does: dvc exp run -S task=tools)")
     need(cfg.env.max_turns >= 1, "env.max_turns must be >= 1", env__max_turns=cfg.env.max_turns)
     need(cfg.env.sandbox.timeout_seconds > 0, "env.sandbox.timeout_seconds must be > 0",
          env__sandbox__timeout_seconds=cfg.env.sandbox.timeout_seconds)

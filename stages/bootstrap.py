@@ -38,9 +38,9 @@ if __name__ == "__main__":
         train = read_task(Path("data/task/train.parquet"))
         if cfg.bootstrap.sft_steps:
             prompts, answers = train["prompt"].to_pylist(), train["answer"].to_pylist()
-            if cfg.task.name == "tools":
-                ids, labels = encode_chats(tokenizer, tool_demonstrations(prompts, answers, cfg.bootstrap.tool_demos,
-                                                                          cfg.seed))
+            if cfg.env.enabled:  # episodes: warm up on chats, as generate will prompt
+                share = cfg.bootstrap.tool_demos if cfg.task.name == "tools" else 0.0
+                ids, labels = encode_chats(tokenizer, tool_demonstrations(prompts, answers, share, cfg.seed))
             else:
                 ids, labels = encode_pairs(tokenizer, prompts, answers)
             losses = supervised_finetune(model, ids, labels, steps=cfg.bootstrap.sft_steps,

@@ -77,10 +77,6 @@ if __name__ == "__main__":
         task_file = Path("data/task/train.parquet")
         prompts = draw_prompts(read_task(task_file), g.prompts_per_iteration, seed=cfg.seed,
                                iteration=int(args.iteration))
-        stack = ExitStack()
-        sandbox = stack.enter_context(environment.sandbox(cfg.env, tokenizer, policy)) if cfg.env.enabled else None
-        prompt_ids = environment.prompt_ids(tokenizer, prompts, sandbox)
-        check_fits(prompts, prompt_ids, g.max_tokens, cfg.model.max_len)
         # One seed per prompt: a group, and so a shard, can be regenerated alone and come out the same.
         seeds = [cfg.seed * 1_000_003 + int(args.iteration) * 100_003 + pid for pid in prompts["prompt_id"].to_pylist()]
         shard_key = {
@@ -90,7 +86,11 @@ if __name__ == "__main__":
             "shard_prompts": cfg.resume.shard_prompts, "env": asdict(cfg.env),
         }
         timing = {"engine_start_seconds": 0.0, "generation_seconds": 0.0}
-        with stack:
+        with ExitStack() as stack:
+            sandbox = (stack.enter_context(environment.sandbox(cfg.env, tokenizer, policy)) if cfg.env.enabled
+                       else None)
+            prompt_ids = environment.prompt_ids(tokenizer, prompts, sandbox)
+            check_fits(prompts, prompt_ids, g.max_tokens, cfg.model.max_len)
             pool = (stack.enter_context(client.connected(cfg.servers.policy, policy_name(meta), cfg.servers, "policy"))
                     if cfg.servers.policy else None)
             variant = pool.variant if pool else variant

@@ -52,7 +52,7 @@ def test_network_on_lets_the_tool_reach_the_socket(tests_on_path):
 
 def test_environments_live_per_episode_reset_joins_the_prompt_and_own_the_reward(tests_on_path):
     with Sandbox([], "toolbox_faults.Counter", SandboxConfig()) as box:
-        assert [s["function"]["name"] for s in box.tool_schemas("")] == ["increment"]
+        assert [s["function"]["name"] for s in box.tool_schemas("")] == ["increment", "pause"]
         assert box.reset("a", "", {"prompt": "p", "start": 5}).text == " (counter at 5)"
         assert box.reset("b", "", {"prompt": "p", "start": 0}).text == " (counter at 0)"
         assert box.call("a", "increment", {"step": 2}).text == "7"
@@ -62,6 +62,20 @@ def test_environments_live_per_episode_reset_joins_the_prompt_and_own_the_reward
         assert (box.reward("a"), box.reward("b")) == (10.0, 1.0)
         box.close("a")
         assert box.reward("a") is None
+
+
+def test_a_killed_worker_ends_every_episode_whose_environment_it_held(tests_on_path):
+    with Sandbox([], "toolbox_faults.Counter", SandboxConfig(timeout_seconds=1.0)) as box:
+        box.reset("a", "", {"start": 1})
+        box.reset("b", "", {"start": 2})
+        hung = box.call("a", "pause", {"seconds": 30})
+        assert (hung.text, hung.error, hung.done) == ("error: timed out after 1s", True, True)
+        lost = box.call("b", "increment", {"step": 1})
+        assert (lost.text, lost.error, lost.done) == ("error: the environment was lost with a killed tool process",
+                                                      True, True)
+        assert box.reward("b") is None
+        box.reset("c", "", {"start": 3})  # a new episode gets a live environment in the new worker
+        assert box.call("c", "increment", {"step": 1}).text == "4"
 
 
 @pytest.fixture(scope="module")

@@ -55,6 +55,15 @@ class Counter:
         self.done = self.value >= 10
         return self.value
 
+    def pause(self, seconds: float) -> str:
+        """Waits.
+
+        Args:
+            seconds: How long.
+        """
+        time.sleep(seconds)
+        return "resumed"
+
     def get_reward(self) -> float:
         return float(self.value)
 

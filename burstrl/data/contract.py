@@ -27,7 +27,8 @@ Importance weights (train -> people and tests), one row per scored row, in the s
   - `staleness`: policy versions the sampler lagged the checkpoint training started from;
   - `keep`: whether the loss used the row (see burstrl.rl.selection.select_rows);
   - `proximal_logprobs`: the trainer's logprob of each completion token when the batch arrived;
-  - `is_weights`: the importance weight each token's loss term was multiplied by (burstrl.rl.objective).
+  - `is_weights`: the importance weight each token's loss term was multiplied by (burstrl.rl.objective); null at an
+    episode's environment tokens, which are no terms of the loss.
 Task tables (prepare -> bootstrap, generate, eval): `prompt_id` int64 and unique, `prompt` and `answer`
   strings; any other columns are task fields.
 Task columns (e.g. `answer`) ride along unchanged so reward functions receive them as keyword arguments.

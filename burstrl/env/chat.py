@@ -43,6 +43,7 @@ def parse(tokenizer, ids: list[int], prefix: list[int], tools: list[dict]) -> tu
                 raise ValueError(f"tool call without a name: {call!r}")
             if function.get("arguments") is None:
                 function["arguments"] = {}
+        message.setdefault("role", "assistant")
         message["content"] = (message.get("content") or "").removesuffix(tokenizer.eos_token)
         return message, False
     except (ValueError, TypeError, KeyError):
@@ -71,10 +72,10 @@ def rendered_episode(tokenizer, messages: list[dict], tools: list[dict] | None =
     ids: list[int] = []
     mask: list[int] = []
     for i, message in enumerate(messages):
-        before = message["role"] == "assistant"
-        upto = tokenizer.apply_chat_template(messages[: i + (0 if before else 1)], tools=tools,
-                                             add_generation_prompt=before, tokenize=True, return_dict=False)
-        if before:
+        assistant = message["role"] == "assistant"
+        upto = tokenizer.apply_chat_template(messages[: i + (0 if assistant else 1)], tools=tools,
+                                             add_generation_prompt=assistant, tokenize=True, return_dict=False)
+        if assistant:
             upto_next = tokenizer.apply_chat_template(messages[: i + 1], tools=tools, tokenize=True,
                                                       return_dict=False)
             mask += [0] * (len(upto) - len(ids)) + [1] * (len(upto_next) - len(upto))

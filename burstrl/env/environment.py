@@ -6,6 +6,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from burstrl.config import EnvConfig, GenerateConfig
+from burstrl.data.task import check_fits
 from burstrl.env import chat, episodes
 from burstrl.env.sandbox import Sandbox
 
@@ -32,6 +33,8 @@ def play(sampler, tokenizer, box: Sandbox, prompts: pa.Table, seeds: list[int], 
          max_len: int, n: int | None = None) -> list[list[episodes.Episode]]:
     """n (default generate.num_generations) finished episodes per prompt row."""
     groups = episodes.start(box, tokenizer, prompts.to_pylist(), seeds, n or g.num_generations)
+    # A reset's text joins the prompt: the longest of each group must still leave room for the episode.
+    check_fits(prompts, [max((e.prompt_ids for e in group), key=len) for group in groups], g.max_tokens, max_len)
     episodes.run(sampler, tokenizer, box, [e for group in groups for e in group], temperature=g.temperature,
                  top_p=g.top_p, max_tokens=g.max_tokens, max_turns=max_turns, max_len=max_len)
     return groups

@@ -32,6 +32,7 @@ class Episode:
     num_turns: int = 0
     tool_calls: int = 0
     tool_errors: int = 0
+    malformed_calls: int = 0  # of tool_calls: syntax the parser rejected, so nothing ran
     finish_reason: str = ""
     env_reward: float | None = None
 
@@ -47,6 +48,8 @@ class Episode:
 
 
 def turn_seed(seed: int, sample_index: int, turn: int) -> int:
+    """A 31-bit seed from a prompt's seed, a sample index and a turn: an episode's is (prompt seed, k, 0), and
+    each of its turns' is (that seed, 0, turn)."""
     return int.from_bytes(hashlib.sha256(f"{seed}:{sample_index}:{turn}".encode()).digest()[:4], "big") >> 1
 
 
@@ -59,7 +62,7 @@ def start(sandbox: Sandbox, tokenizer, rows: list[dict], seeds: list[int], n: in
         for k in range(n):
             key, environment = f"{row['prompt_id']}:{k}", row.get("environment") or ""
             text = row["prompt"]
-            if sandbox.spec_has_factory:
+            if sandbox.has_factory:
                 reset = sandbox.reset(key, environment, row)
                 if reset.error:
                     raise ContractError(f"env.environment_factory: reset failed on prompt_id {row['prompt_id']} "
@@ -101,6 +104,7 @@ def _turn(e: Episode, context, sample, tokenizer, sandbox, max_tokens, max_turns
     # Call syntax the parser rejects is a failed call: the turn stands as text, and ends the episode as an answer.
     e.tool_calls += malformed
     e.tool_errors += malformed
+    e.malformed_calls += malformed
     calls = message.get("tool_calls") or []
     if sample.finish_reason == "length" or not calls or e.num_turns >= max_turns:
         e.finish_reason = "length" if sample.finish_reason == "length" else "max_turns" if calls else "stop"

@@ -40,6 +40,7 @@ class Sandbox:
         self.spec = json.dumps({"tools": tools, "factory": factory, "memory_mb": cfg.memory_mb,
                                 "network": cfg.network})
         self.timeout = cfg.timeout_seconds
+        self.has_factory = bool(factory)
         self.proc: subprocess.Popen | None = None
         self.live: set[str] = set()  # episodes whose environment lives in the current worker
         self.restarts = 0
@@ -70,7 +71,8 @@ class Sandbox:
             raise EOFError
         return json.loads(line)
 
-    def _kill(self):
+    def _kill(self, restart: bool = True):
+        """End the worker and whatever it started; the next request starts a fresh one (counted in `restarts`)."""
         if self.proc is not None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -78,7 +80,8 @@ class Sandbox:
                 pass
             self.proc.wait()
             self.proc = None
-            self.restarts += 1
+            self.live.clear()  # the environments it held are gone: their episodes' next calls end them
+            self.restarts += restart
 
     def request(self, **message) -> dict:
         """One request; a hang past the timeout or a dead worker comes back as {"ok": False, "error": ...}."""
@@ -92,9 +95,13 @@ class Sandbox:
         try:
             reply = self._read(self.timeout)
         except EOFError:
-            code = self.proc.wait()
+            try:
+                code = self.proc.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                code = None  # it closed its end of the protocol but still runs: killed below all the same
             self._kill()
-            return {"ok": False, "error": f"the tool process died (exit code {code})", "lost": True}
+            died = f"died (exit code {code})" if code is not None else "closed its output"
+            return {"ok": False, "error": f"the tool process {died}", "lost": True}
         if reply is not None:
             return reply
         self._kill()
@@ -112,17 +119,18 @@ class Sandbox:
     def reset(self, episode: str, environment: str, row: dict) -> Reply:
         """A new environment for `episode` (when a factory is set); its reset text, if any, joins the prompt."""
         reply = self.request(op="reset", episode=episode, environment=environment, row=row)
-        if reply.get("ok"):
-            self.live.add(episode)
-        return Reply(reply.get("result") or "", error=not reply.get("ok"))
+        if not reply.get("ok"):
+            return Reply(reply["error"], error=True)
+        self.live.add(episode)
+        return Reply(reply.get("result") or "")
 
     def call(self, episode: str, name: str, arguments) -> Reply:
-        if episode in self.live or not self.spec_has_factory:
+        if episode in self.live or not self.has_factory:
             reply = self.request(op="call", episode=episode, name=name, arguments=arguments)
         else:
             reply = {"ok": False, "error": "the environment was lost with a killed tool process", "lost": True}
         if not reply.get("ok"):
-            lost = reply.get("lost", False) and self.spec_has_factory
+            lost = reply.get("lost", False) and self.has_factory
             return Reply(f"error: {reply['error']}", error=True, done=lost)
         return Reply(reply["result"], done=reply.get("done", False))
 
@@ -138,10 +146,6 @@ class Sandbox:
             self.live.discard(episode)
             self.request(op="close", episode=episode)
 
-    @property
-    def spec_has_factory(self) -> bool:
-        return bool(json.loads(self.spec)["factory"])
-
     def stop(self):
         if self.proc is not None:
             self.proc.stdin.close()
@@ -149,8 +153,7 @@ class Sandbox:
                 self.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
-            self._kill()
-            self.restarts -= 1
+            self._kill(restart=False)
 
     def __enter__(self):
         return self
@@ -186,7 +189,9 @@ def serve(spec: dict) -> None:
     from burstrl.env import tools as toolbox
 
     out = os.fdopen(os.dup(1), "w", buffering=1)
+    requests = os.fdopen(os.dup(0))
     os.dup2(2, 1)  # a tool's prints go to stderr, never into the protocol
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # and a tool that reads stdin reads nothing of it
     try:
         functions = {fn.__name__: fn for fn in toolbox.resolve_all(spec["tools"])}
         factories = toolbox.factories(spec["factory"])
@@ -201,7 +206,7 @@ def serve(spec: dict) -> None:
         sys.addaudithook(_refuse)
     environments: dict[str, object] = {}
     out.write(json.dumps({"ok": True, "schemas": schemas}) + "\n")
-    for line in sys.stdin:
+    for line in requests:
         message = json.loads(line)
         op = message["op"]
         try:

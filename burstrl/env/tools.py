@@ -7,7 +7,7 @@ Supported, as TRL does it:
     callables chosen per row by its `environment` column. One instance per episode; `reset(**row)` gets the task
     row and returns None or text appended to the last user message; every public method but `reset` and
     `get_reward` is a tool; a `get_reward()` method owns a reward, stored per episode as `env_reward` for score's
-    `burstrl.env.rewards.environment_reward`.
+    `burstrl.rl.rewards.environment_reward`.
 Not supported: async tools and environments, multimodal tool results, and reward functions that receive the live
 `environments` (the environment lives in generate's sandbox; score sees what it recorded). An environment may set
 `done = True` to end its episode after a call, an addition to TRL's contract.

@@ -25,9 +25,9 @@ def heldout_episodes(llm, tokenizer, heldout: pa.Table, cfg, policy: Path) -> di
     with environment.sandbox(cfg.env, tokenizer, policy) as box:
         groups = environment.play(engine.Offline(llm), tokenizer, box, heldout, [0] * len(heldout), greedy,
                                   cfg.env.max_turns, cfg.model.max_len, n=1)
-    finals = [[group[0].messages[-1]] for group in groups]
-    correct = exact_match(None, finals, None, heldout["answer"].to_pylist())
-    used = [group[0].tool_calls > 0 for group in groups]
+    # The answer is the last assistant message, as reward functions see it; tool use is a call that ran.
+    correct = exact_match(None, [group[0].messages for group in groups], None, heldout["answer"].to_pylist())
+    used = [group[0].tool_calls > group[0].malformed_calls for group in groups]
 
     def share(flags, where):
         picked = [f for f, w in zip(flags, where, strict=True) if w]

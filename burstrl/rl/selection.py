@@ -69,7 +69,8 @@ def select_rows(source: Path, table: pa.Table, lags: list[int], train: TrainConf
     flat = zero_variance_groups(table["reward"].to_pylist(), groups)
     stale = [lag > train.max_staleness for lag in lags]
     zero_variance = [train.drop_zero_variance_groups and g in flat for g in groups]
-    truncated = [train.mask_truncated and r == "length" for r in table["finish_reason"].to_pylist()]
+    # An episode stopped on its last turn with a call unanswered has no answer either.
+    truncated = [train.mask_truncated and r in ("length", "max_turns") for r in table["finish_reason"].to_pylist()]
     keep = [not (a or b or c) for a, b, c in zip(stale, zero_variance, truncated, strict=True)]
     histogram = {str(lag): n for lag, n in sorted(Counter(lags).items())}
     counts = {"rows_kept": sum(keep), "rows_dropped_stale": sum(stale),

@@ -139,10 +139,13 @@ class RolloutGRPOTrainer(GRPOTrainer):
         gap = objective.kl_to_reference(sampler, proximal, "k3").clamp(min=0.0)
         changed = torch.zeros_like(ratio) if mode == "none" else (weights != ratio).float()
         lengths = [len(row["completion_ids"]) for row in inputs]
+        weighted = [[w if m else None for w, m in zip(values[:n].tolist(), row["completion_mask"], strict=True)]
+                    for values, n, row in zip(weights.expand_as(proximal), lengths, inputs, strict=True)]
         self.row_report = {
             "key": [(row["prompt_id"], row["sample_index"]) for row in inputs],
-            **{name: [values[:n].tolist() for values, n in zip(tensor, lengths, strict=True)]
-               for name, tensor in (("proximal_logprobs", proximal), ("is_weights", weights.expand_as(proximal)))},
+            "proximal_logprobs": [values[:n].tolist() for values, n in zip(proximal, lengths, strict=True)],
+            # An environment token is no term of the loss, so it has no weight (null).
+            "is_weights": weighted,
         }
         # On several processes each holds a share of the rows: the metrics describe all of them. Padding is
         # masked out, so it changes no mean or maximum.
