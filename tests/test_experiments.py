@@ -17,10 +17,20 @@ EXPERIMENT = {**SMALL, "train": {"batch_size": 16}}  # two optimizer steps per r
 def test_two_experiments_differ_in_exactly_one_param(scored, tmp_path):
     root = tmp_path / "ws"
     env = clone(scored, root, EXPERIMENT)
-    # `dvc exp run` composes params.yaml from conf/, so the small sizes go there too.
+    # `dvc exp run` composes params.yaml from conf/, so the small sizes go there too: a section set by a config
+    # group (task) into the group's default option, every other one into config.yaml.
     conf = yaml.safe_load((root / "conf/config.yaml").read_text())
+    groups = {group: option for entry in conf["defaults"] if isinstance(entry, dict) for group, option in entry.items()}
     for section, values in EXPERIMENT.items():
-        conf[section].update(values)
+        if section in groups:
+            path = root / f"conf/{section}/{groups[section]}.yaml"
+            text = path.read_text()
+            option = yaml.safe_load(text)
+            option[section].update(values)
+            header = "".join(line + "\n" for line in text.splitlines() if line.startswith("# @package"))
+            path.write_text(header + yaml.safe_dump(option, sort_keys=False))
+        else:
+            conf[section].update(values)
     (root / "conf/config.yaml").write_text(yaml.safe_dump(conf, sort_keys=False))
     run(["git", "add", "-A"], root, env)
     run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "small, scored"], root, env)
