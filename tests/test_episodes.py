@@ -1,5 +1,6 @@
 """Multi-turn episodes through the real pipeline: `dvc repro` on the built-in tool task (conf/task/tools.yaml),
-generate, score, train, eval and sync; a kill between episode turns; tools that fail in every way.
+generate, score, train, eval and sync; a kill between episode turns; tools that fail in every way; episodes
+sampled from a vLLM server.
 
 The module's workspace bootstraps the tool task once and generates iteration 001 uninterrupted: the reference
 the killed run must reproduce byte for byte, and the start of the full iteration.
@@ -14,10 +15,12 @@ import pytest
 import torch
 import yaml
 from conftest import REPO, Workspace, clone, run
+from test_serving import kill_tree, start_server, wait_for
 from transformers import AutoTokenizer
 
 from burstrl.config import load_config
 from burstrl.data.contract import read_scored
+from burstrl.data.policy import policy_name, read_metadata
 from burstrl.env.chat import environment_spans
 from burstrl.pipeline import workspace
 from burstrl.training.trainer import RolloutGRPOTrainer, grpo_config
@@ -142,7 +145,27 @@ def test_tools_that_hang_raise_hog_dial_crash_or_return_objects_are_counted_erro
     errors = [c for c in contents if c.startswith("error: ")]
     for expected in ("timed out after 1s", "RuntimeError: tool failed on purpose", "out of memory",
                      "socket.getaddrinfo refused", "the tool process died", "returned object, not text"):
-        assert any(expected in e for e in errors), expected
+        assert any(expected in e for e in errors), (expected, errors)
     metrics = json.loads((root / "metrics/generate/001.json").read_text())
     assert metrics["tool_errors"] == sum(r["tool_errors"] for r in rollouts) >= len(errors)
     assert metrics["sandbox_restarts"] >= 2
+
+
+def test_episodes_from_a_vllm_server_are_the_offline_engines(tools_ws, tmp_path):
+    """servers.policy: each turn of each episode is a request to `vllm serve`, with the same seed, so the rollouts
+    are the offline engine's, row for row."""
+    root = tmp_path / "ws"
+    env = clone(tools_ws, root)
+    proc, url = start_server(root, env, "--model", "checkpoints/000")
+    try:
+        wait_for(url, policy_name(read_metadata(root / "checkpoints/000")), proc)
+        served = root / "served.yaml"
+        shutil.copy(root / "params.yaml", served)
+        workspace.merge_params(served, {"servers": {"policy": [url]}})
+        run(["python", "stages/generate.py", "001", "000", "--params", str(served)], root, env)
+    finally:
+        kill_tree(proc)
+    reference = pq.read_table(tools_ws.root / "data/rollouts/001.parquet").to_pylist()
+    assert pq.read_table(root / "data/rollouts/001.parquet").to_pylist() == reference
+    requests = json.loads((root / "metrics/generate/001.json").read_text())["servers"]["requests"][url]
+    assert requests == sum(r["num_turns"] for r in reference)  # one request per episode and turn

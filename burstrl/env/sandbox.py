@@ -164,8 +164,7 @@ class Sandbox:
 
 def _refuse(event, args):
     if event.startswith(REFUSED_EVENTS):
-        raise PermissionError(f"{event} refused: network and new processes are off in the tool sandbox "
-                              "(env.sandbox.network)")
+        raise PermissionError(f"{event} refused by the tool sandbox (env.sandbox.network)")
 
 
 def _virtual_bytes() -> int:

