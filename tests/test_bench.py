@@ -53,7 +53,8 @@ def test_tiled_rollouts_get_new_prompt_ids_and_keep_their_rows():
 def result(**changes) -> dict:
     r = {
         "generation": {"stage": {"tokens_per_second": 300.0}, "hf_generate": {"tokens_per_second": 150.0},
-                       "raw_vllm": {"tokens_per_second": 400.0}},
+                       "raw_vllm": {"tokens_per_second": 400.0, "engine_start_seconds": 3.0},
+                       "raw_vllm_other_engine_process": {"engine_start_seconds": 24.0}},
         "training": {"stage": {"update_seconds": 12.0, "stage_seconds": 20.0}, "floor": {"seconds": 10.0},
                      "colocated_trl": {"seconds": 40.0}},
         "sync": {"stage_transfer_seconds": 0.3, "plain_rsync_seconds": 0.2},
@@ -68,7 +69,8 @@ def test_ratios_and_verdicts_from_hand_computed_figures():
                            16: {"score": 1000, "train": 2400}},
               "rss_bytes_per_rollout_byte": {"score": 0, "train": 0.5}}
     tiny, mid = ratios(result(memory=memory)), ratios(result())
-    assert mid == pytest.approx({"generate_vs_hf": 2.0, "generate_vs_raw_vllm": 0.75, "train_vs_floor": 1.2,
+    assert mid == pytest.approx({"generate_vs_hf": 2.0, "generate_vs_raw_vllm": 0.75, "engine_start_vs_other": 0.125,
+                                 "train_vs_floor": 1.2,
                                  "train_vs_trl": 0.3, "train_stage_vs_trl": 0.5, "sync_vs_rsync": 1.5,
                                  "overhead_share": 0.04})
     assert (tiny["rss_4x"], tiny["rss_16x"]) == pytest.approx((1.1, 1.2))  # the worse of score and train
