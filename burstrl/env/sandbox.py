@@ -167,6 +167,17 @@ def _refuse(event, args):
         raise PermissionError(f"{event} refused by the tool sandbox (env.sandbox.network)")
 
 
+def _flag(env, name: str) -> bool:
+    value = getattr(env, name, False)
+    return not callable(value) and bool(value)
+
+
+def _owned_reward(env) -> float | None:
+    """Without `get_reward`, a number in a `reward` attribute, as TRL's OpenReward adapter keeps its episode's."""
+    value = getattr(env, "reward", None)
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def _virtual_bytes() -> int:
     with open("/proc/self/status") as status:
         for line in status:
@@ -224,10 +235,10 @@ def serve(spec: dict) -> None:
                 if not isinstance(arguments, dict):
                     raise TypeError(f"arguments of {name} must be an object, got {type(arguments).__name__}")
                 text = _as_text(name, tools[name](**arguments))
-                reply = {"ok": True, "result": text, "done": bool(getattr(env, "done", False))}
+                reply = {"ok": True, "result": text, "done": _flag(env, "done") or _flag(env, "finished")}
             elif op == "reward":
                 env = environments[message["episode"]]
-                reward = env.get_reward() if hasattr(env, "get_reward") else None
+                reward = env.get_reward() if hasattr(env, "get_reward") else _owned_reward(env)
                 reply = {"ok": True, "result": None if reward is None else float(reward)}
             elif op == "close":
                 environments.pop(message["episode"], None)

@@ -10,7 +10,8 @@ Supported, as TRL does it:
     `burstrl.rl.rewards.environment_reward`.
 Not supported: async tools and environments, multimodal tool results, and reward functions that receive the live
 `environments` (the environment lives in generate's sandbox; score sees what it recorded). An environment may set
-`done = True` to end its episode after a call, an addition to TRL's contract.
+`done = True` (or `finished`) to end its episode after a call, and without `get_reward` may keep its reward in a
+`reward` attribute: the conventions of TRL's own OpenReward adapter (trl.experimental.openreward).
 """
 
 import inspect
