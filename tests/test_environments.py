@@ -64,6 +64,16 @@ def test_environments_live_per_episode_reset_joins_the_prompt_and_own_the_reward
         assert box.reward("a") is None
 
 
+def test_a_reward_attribute_and_a_finished_flag_work_as_get_reward_and_done(tests_on_path):
+    with Sandbox([], "toolbox_faults.Tally", SandboxConfig()) as box:
+        assert box.reset("a", "", {"prompt": "p"}).text == ""
+        assert box.reward("a") is None  # no reward yet: None, as the adapter starts
+        first = box.call("a", "add", {"points": 4})
+        assert (first.text, first.done, box.reward("a")) == ("4", False, 4.0)
+        last = box.call("a", "add", {"points": 7})
+        assert (last.text, last.done, box.reward("a")) == ("11", True, 11.0)
+
+
 def test_a_killed_worker_ends_every_episode_whose_environment_it_held(tests_on_path):
     with Sandbox([], "toolbox_faults.Counter", SandboxConfig(timeout_seconds=1.0)) as box:
         box.reset("a", "", {"start": 1})

@@ -68,6 +68,23 @@ class Counter:
         return float(self.value)
 
 
+class Tally:
+    """The conventions of TRL's OpenReward adapter: no get_reward, a `reward` attribute and a `finished` flag."""
+
+    def reset(self, **row) -> None:
+        self.reward, self.finished = None, False
+
+    def add(self, points: int) -> str:
+        """Adds points; ten or more finish the episode.
+
+        Args:
+            points: How many.
+        """
+        self.reward = (self.reward or 0) + points
+        self.finished = self.reward >= 10
+        return str(self.reward)
+
+
 # The longest error first: a stage's first call has the most room left in its episode for the result.
 ORDER = (dial, sleepy, raises, hog, crash, nontext)
 

@@ -10,7 +10,7 @@ Rollouts (generate -> score), one row per completion:
     (finite, <= 0) and null exactly where it is 0; same length;
   - an episode's `num_turns` >= 1 model turns made `tool_calls` >= `tool_errors` >= 0 calls; a single completion is
     one turn with none. `completion_messages` is its chat (JSON: the assistant and tool messages) or null for a
-    single completion; `env_reward` is its environment's `get_reward()` or null;
+    single completion; `env_reward` is its environment's `get_reward()` (or numeric `reward`) or null;
   - `policy_version` / `policy_hash` name the checkpoint that sampled the row; `sampler_weights` says which
     copy of it the sampler ran: "checkpoint" for its own files, else the label of a derived copy (quantized,
     or perturbed in tests), whose mismatch the train stage's importance weights correct;
