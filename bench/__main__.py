@@ -7,9 +7,11 @@ alternatives measured in this same run on this same machine, and the ratios the 
 
 import argparse
 import json
+import multiprocessing
 import shutil
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -35,6 +37,13 @@ TARGETS = [
     ("peak RSS 16x vs 1x (score, train)", "rss_16x", "<=", 1.15, "tiny"),
     ("pipeline overhead (share of wall)", "overhead_share", "<=", 0.05, "tiny"),
 ]
+
+
+def isolated(fn, *args):
+    """fn(*args) in a fresh process, as a stage runs: an engine in the caller's process binds its threads and keeps
+    memory, which would skew what this process measures after it."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
 
 
 def params_for(size: str, hardware: str) -> dict:
@@ -63,10 +72,10 @@ def bench_size(size: str, hardware: str, scales: list[int], work: Path) -> dict:
 
     print(f"[{size}] raw vLLM, HF generate", flush=True)
     prompt_ids, seeds = prompts_of(ws / "data/rollouts/001.parquet")
-    raw = raw_vllm(policy, cfg, prompt_ids, seeds)
+    raw = isolated(raw_vllm, policy, cfg, prompt_ids, seeds)
     # The profile's engine placement against the other one (inference.engine_process), same requests.
     flipped = replace(cfg, inference=replace(cfg.inference, engine_process=not cfg.inference.engine_process))
-    other = raw_vllm(policy, flipped, prompt_ids, seeds)
+    other = isolated(raw_vllm, policy, flipped, prompt_ids, seeds)
     hf = hf_generate(policy, cfg, prompt_ids)
     stage_tps = gen["generated_tokens"] / gen["generation_seconds"]
     generation = {

@@ -21,7 +21,7 @@ class AddParams(BaseModel):
 
 
 class Adder(Environment):
-    """Adds two integers; the reward is 1 for a call that ran."""
+    """Adds two integers; the reward is the sum, so that the test can tell it came from this call."""
 
     def __init__(self, task_spec: JSONObject = {}, secrets: dict[str, str] = {}):  # noqa: B006 - the SDK's signature
         super().__init__(task_spec)
@@ -42,7 +42,8 @@ class Adder(Environment):
         """Adds two integers."""
         with open(CALLS, "a") as calls:
             calls.write(json.dumps({"a": params.a, "b": params.b}) + "\n")
-        return ToolOutput(blocks=[TextBlock(type="text", text=str(params.a + params.b))], reward=1.0, finished=True)
+        total = params.a + params.b
+        return ToolOutput(blocks=[TextBlock(type="text", text=str(total))], reward=float(total), finished=True)
 
 
 if __name__ == "__main__":

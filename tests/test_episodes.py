@@ -213,8 +213,9 @@ def test_trl_openreward_adapter_runs_unchanged_against_a_server_on_loopback(tool
         ran = [m for m in messages if m["role"] == "tool"]
         call = [m["tool_calls"][0]["function"]["arguments"] for m in messages if m.get("tool_calls")]
         if ran:  # the server's result, then the episode ended by `finished`, its reward the adapter's
-            assert len(ran) == 1 and ran[0]["content"] == str(call[0]["a"] + call[0]["b"])
-            assert r["finish_reason"] == "done" and r["env_reward"] == 1.0 and r["num_turns"] == 1
+            total = call[0]["a"] + call[0]["b"]
+            assert len(ran) == 1 and ran[0]["content"] == str(total)
+            assert r["finish_reason"] == "done" and r["env_reward"] == total and r["num_turns"] == 1
             answered.append({"a": call[0]["a"], "b": call[0]["b"]})
         else:
             assert r["env_reward"] is None and r["tool_calls"] == r["tool_errors"]  # no call, or a malformed one
