@@ -12,7 +12,7 @@ EXTRA ?= cpu
 # Checkpoints the sampler of a `make iterate` iteration lags the trainer (docs/objective.md, Staleness).
 LAG ?= 0
 
-.PHONY: setup setup-quantize system browser demo repro iterate report status rent-h200 rent-plan fleet reap bench bench-loop lint test test-fast test-durations clean
+.PHONY: setup setup-quantize system browser demo repro iterate report status rent-h200 rent-plan fleet reap bench bench-loop soak lint test test-fast test-durations clean
 
 $(VENV)/.installed-$(EXTRA): pyproject.toml
 	python3 -m venv $(VENV)
@@ -90,6 +90,12 @@ bench: setup system
 # A rented session's overlap at lag 1 and lag 0, on a static host over a loopback sshd (docs/benchmarks.md).
 bench-loop: setup system
 	python -m bench.loop
+
+# Random SIGKILLs of `dvc repro` in every stage kind, each run resumed to its end and compared with an
+# uninterrupted one (docs/resume.md, The soak): KILLS=N kills at least; SOAK_ARGS="--seed S --stages a,b".
+KILLS ?= 50
+soak: setup
+	python -m bench.soak --kills $(KILLS) $(SOAK_ARGS)
 
 lint: setup
 	ruff check .

@@ -29,6 +29,7 @@ class StageRun:
 class Watched:
     wall: float
     stages: dict[str, StageRun] = field(default_factory=dict)
+    output: str = ""  # stdout and stderr, interleaved
 
     def seconds(self, prefix: str) -> float:
         return sum(run.seconds for key, run in self.stages.items() if key.startswith(prefix))
@@ -83,6 +84,7 @@ def watch(cmd: list[str], cwd, env) -> Watched:
         time.sleep(POLL_SECONDS)
     result.wall = time.monotonic() - started
     reader.join()
+    result.output = "".join(out)
     if root.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({root.returncode}):\n{''.join(out)[-4000:]}")
     return result

@@ -1,4 +1,5 @@
 import fcntl
+import json
 import os
 import shutil
 import subprocess
@@ -9,6 +10,8 @@ import pyarrow as pa
 import pytest
 import torch
 
+from bench import soak
+from bench.watch import watch
 from burstrl.data.contract import ROLLOUT_FIELDS
 from burstrl.pipeline import workspace
 from burstrl.remote import loopback
@@ -85,10 +88,12 @@ def ssh_server(tmp_path_factory):
 
 
 class Workspace(NamedTuple):
-    """A scratch workspace: its directory, the environment its stages run with, and what building it printed."""
+    """A scratch workspace: its directory, the environment its stages run with, what building it printed, and
+    how long each stage kind took to build it (bench.soak.durations)."""
     root: Path
     env: dict
     out: str = ""
+    durations: dict = {}
 
 
 SMALL = workspace.SMALL
@@ -101,7 +106,8 @@ SCORED_PARAMS = {
 
 def shared(tmp_path_factory, name: str, build) -> Workspace:
     """The workspace `name`, built by `build(root) -> printed text` once per test session: under `pytest -n`, by the
-    first worker that needs it, while the others wait on its lock; then every worker reads the same directory."""
+    first worker that needs it, while the others wait on its lock; then every worker reads the same directory.
+    A build that times its stages leaves their durations in root/../durations.json."""
     base = tmp_path_factory.getbasetemp()
     base = base.parent if WORKER else base  # the workers' base directories share this parent
     root, printed = base / name / "ws", base / name / "printed.txt"
@@ -112,12 +118,17 @@ def shared(tmp_path_factory, name: str, build) -> Workspace:
             root.parent.mkdir()
             text = build(root)
             printed.write_text(text)
-    return Workspace(root, workspace.environment(), printed.read_text())
+    timed = root.parent / "durations.json"
+    durations = json.loads(timed.read_text()) if timed.exists() else {}
+    return Workspace(root, workspace.environment(), printed.read_text(), durations)
 
 
 def bootstrap(root: Path) -> str:
+    """prepare, bootstrap and sync-bootstrap, timed: test_soak kills each at a moment of its duration."""
     root.mkdir()
-    return run(["dvc", "repro", "sync-bootstrap"], root, scratch_workspace(root, SMALL)).stdout
+    watched = watch(["dvc", "repro", "sync-bootstrap"], root, scratch_workspace(root, SMALL))
+    (root.parent / "durations.json").write_text(json.dumps(soak.durations(watched)))
+    return watched.output
 
 
 @pytest.fixture(scope="session")

@@ -4,9 +4,10 @@ Layout at each target: `<base>/<version>-<hash12>/` holds the model (hash12: the
 its content hash; `<version>-<hash12>@<variant>/` when sync ships quantized weights of it) and
 `<base>/current` is a symlink to the newest version synced. A transfer lands in
 `<base>/.incoming/`, is verified file by file against the sha256 sums of the source, then renamed into
-place, and only then is `current` swapped (a symlink rename, atomic on POSIX). A reader that follows
-`current` therefore always sees a complete model, and re-syncing an older iteration never moves `current`
-back. Directories are never rewritten in place: new content gets a new name.
+place, and only then is `current` swapped (a symlink rename, atomic on POSIX), under a lock on
+`<base>/.current.lock` (flock) so that of two syncs at once the newer version ends as `current`. A reader that
+resolves `current` once therefore always sees a complete model, and re-syncing an older iteration never moves
+`current` back. Directories are never rewritten in place: new content gets a new name.
 
 A target is a local directory or `[user@]host:path` (rsync's rule: a colon before the first slash).
 Remote steps run through the same shell snippets over SSH; the SSH command comes from RSYNC_RSH in the
@@ -63,6 +64,16 @@ def remote_hashes(target: Target, directory: str, ssh: str) -> dict[str, str]:
     return hashes
 
 
+def _swap_current(base: str, name: str, version: int) -> str:
+    """A shell script that points `current` at `name` unless it already names a newer version, and prints
+    where `current` points. It holds a lock on the target while it reads and swaps: two syncs at once would
+    otherwise both read the old link, and the older one could swap last."""
+    q = shlex.quote
+    return (f"cd {q(base)} && exec 9>.current.lock && flock 9 && cur=$(readlink current || true) && "
+            f'if [ -z "$cur" ] || [ "${{cur%%-*}}" -le {version} ]; then '
+            f"ln -sfn {q(name)} .current.tmp && mv -T .current.tmp current; fi && readlink current")
+
+
 def sync_checkpoint(src: Path, version: str, content_hash: str, spec: str, ssh_configured: str,
                     variant: str | None = None) -> dict:
     """Transfer, verify and publish `src` at one target; returns the target's receipt entry. `variant` names
@@ -93,15 +104,11 @@ def sync_checkpoint(src: Path, version: str, content_hash: str, spec: str, ssh_c
 
     # The directory name carries the content hash, so an existing one already holds these exact files.
     _shell(target, f"if [ -e {q(final)} ]; then rm -rf {q(incoming)}; else mv {q(incoming)} {q(final)}; fi", ssh)
-    current = _shell(target, f"readlink {q(base)}/current || true", ssh).strip()
-    newest = not current or int(current.split("-")[0]) <= int(version)
-    if newest:
-        _shell(target, f"ln -sfn {q(name)} {q(base)}/.current.tmp && mv -T {q(base)}/.current.tmp {q(base)}/current",
-               ssh)
+    current = _shell(target, _swap_current(base, name, int(version)), ssh).strip()
     return {
         "target": spec,
         "path": final,
-        "current": name if newest else current,
+        "current": current,
         "files": len(expected),
         "bytes": sum(p.stat().st_size for p in src.rglob("*") if p.is_file()),
         "verified_sha256": True,
