@@ -133,6 +133,14 @@ def test_reward_function_errors_name_the_function():
         score_table(["burstrl.rl.rewards.exact_match"], [1.0], "r.parquet", table, [])
 
 
+@pytest.mark.parametrize(("name", "shown"), [("nan", "nan"), ("inf", "inf"), ("text", "'1.0'")])
+def test_a_reward_that_is_not_a_finite_number_names_the_function_and_row(name, shown):
+    table = pa.table({"prompt": ["1+1=", "1+2="], "completion": ["2", "3"], "completion_ids": [[5], [6]]})
+    with pytest.raises(ValueError, match=rf"^r.parquet: row 1: field 'rewards': reward function reward_faults.{name} "
+                                         rf"returned {shown}; it must return a finite number, or None"):
+        score_table([f"reward_faults.{name}"], [1.0], "r.parquet", table, [])
+
+
 def test_prompt_that_leaves_no_room_is_named():
     train, _ = addition_problems(seed=0, heldout_size=10)
     rows = train.slice(0, 2)

@@ -7,7 +7,6 @@ import os
 import random
 import re
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
@@ -18,127 +17,32 @@ import psutil
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import REPO, clone, run
-from runpod_standin import RunPodStandIn
+from conftest import run
+from rent_harness import (
+    assert_no_secret,
+    assert_terminated_once,
+    finish,
+    rent,
+    rent_params,
+    rent_workspace,
+    start,
+    training_started,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
-# Made up per run, so that not even this file holds them.
-API_KEY = f"rpa_{secrets.token_hex(16)}"
-HUB_TOKEN = f"hf_{secrets.token_hex(16)}"
-OUTPUTS: list[str] = []  # everything the sessions printed, for the secrets scan
 EPOCHS = 5
 
 
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory, ssh_server, scored):
-    root = tmp_path_factory.mktemp("laptop") / "ws"
-    pod = tmp_path_factory.mktemp("pod")
-    standin = RunPodStandIn(ssh_server["port"])
-    env = {**clone(scored, root), "RUNPOD_API_BASE_URL": standin.url, "RUNPOD_API_KEY": API_KEY,
-           "HF_TOKEN": HUB_TOKEN}
-    env.pop("RSYNC_RSH", None)
-    env.pop("BURSTRL_TRAIN_HOST", None)
-    secrets_file = pod.parent / f"{pod.name}-home" / "secrets.env"
-    base = {
-        "provider": "runpod", "max_hours": 1.0, "reserve_minutes": 0.1, "ssh_key": ssh_server["key"],
-        # The machine's setup: a Python environment with the project's dependencies (here, this checkout's).
-        "setup_command": f"ln -sfn {REPO / '.venv'} .venv",
-        "check_command": ".venv/bin/python -c 'import torch; print(\"torch\", torch.__version__)'",
-        "secrets_file": str(secrets_file), "ssh_timeout_seconds": 5, "report_every_seconds": 1,
-        "runpod": {"dir": str(pod), "ssh_user": ssh_server["user"],
-                   "self_terminate": f"{REPO / 'tests' / 'runpodctl'} {standin.url} remove pod {{pod_id}}"},
-    }
-    yield {"root": root, "pod": pod, "env": env, "standin": standin, "base": base, "secrets": secrets_file,
-           "ssh": ssh_server}
-    standin.close()
-
-
-def rent_params(ws, name: str, **changes) -> str:
-    params = yaml.safe_load((ws["root"] / "params.yaml").read_text())
-    rent = json.loads(json.dumps(ws["base"]))
-    for key, value in changes.items():
-        if isinstance(value, dict):
-            rent.setdefault(key, {}).update(value)
-        else:
-            rent[key] = value
-    params["rent"].update(rent)
-    (ws["root"] / f"{name}.yaml").write_text(yaml.safe_dump(params))
-    return f"{name}.yaml"
-
-
-def start(ws, params: str, *args, env=None) -> subprocess.Popen:
-    # One iteration unless a test asks for more: a session's default, iterations until the limit, would append
-    # new ones to this module's workspace.
-    args = args if "--iterations" in args else (*args, "--iterations", "1")
-    shutil.rmtree(ws["pod"] / "build", ignore_errors=True)  # each session's pod starts without progress
-    # A session started from a terminal takes Ctrl-C; one started by a test run that a shell put in the
-    # background would inherit SIGINT ignored. A handler here (not SIG_IGN) reaches the child as the default.
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        return subprocess.Popen(["python", "-m", "burstrl", "rent", "--params", params, *args], cwd=ws["root"],
-                                env={**ws["env"], **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, start_new_session=True)
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def finish(proc: subprocess.Popen) -> tuple[int, str, str]:
-    out, err = proc.communicate(timeout=600)
-    OUTPUTS.extend([out, err])
-    return proc.returncode, out, err
-
-
-def rent(ws, params: str, *args, env=None) -> tuple[int, str, str]:
-    return finish(start(ws, params, *args, env=env))
-
-
-def wait_for(condition, timeout=120.0, what="condition"):
-    end = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > end:
-            pytest.fail(f"timed out waiting for {what() if callable(what) else what}")
-        time.sleep(0.2)
-
-
-def remote_trainers(pod: Path) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter(["cmdline", "cwd"]):
-        if proc.info["cwd"] == str(pod) and "stages/train.py" in " ".join(proc.info["cmdline"] or []):
-            found.append(proc)
-    return found
-
-
-def training_started(ws) -> bool:
-    return (ws["pod"] / "build/resume/train/001").is_dir()
-
-
-def assert_terminated_once(ws, out: str) -> str:
-    pod_id = ws["standin"].created()[-1]
-    assert len(ws["standin"].terminations(pod_id)) == 1, ws["standin"].calls
-    assert f"pod {pod_id} terminated" in out and "session over" in out
-    wait_for(lambda: not remote_trainers(ws["pod"]), 30, "the remote training to stop")
-    assert not (ws["pod"] / ".burstrl/guard/guard.pid").exists()  # the on-pod limit was disarmed
-    return pod_id
-
-
-def test_dry_run_prints_the_plan_and_cost_and_rents_nothing(ws):
-    code, out, err = rent(ws, rent_params(ws, "dry", max_hours=4.0), "--dry-run", "--hours", "2")
-    assert code == 0, err
-    assert "plan: a session loop until 1 iteration(s), sampler 1 checkpoint(s) behind (rent.lag); ready now: " \
-        "train@001; on runpod (1x NVIDIA H200), limit 2:00:00" in out
-    # No train stage ran before, so the estimate is the limit: 2 h at cost.train_usd_per_hour.
-    assert "estimated 2:00:00, $7.00 at $3.50/h" in out and "at most $7.00" in out
-    assert "rent: the loop at lag 1: about " in out and " iteration(s) in 2 h" in out
-    assert ws["standin"].calls == []
+    yield from rent_workspace(tmp_path_factory, ssh_server, scored)
 
 
 def test_a_failed_create_terminates_the_pod_it_made(ws):
-    ws["standin"].fail_create = True
-    try:
-        code, out, err = rent(ws, rent_params(ws, "create"))
-    finally:
-        ws["standin"].fail_create = False
+    ws["standin"].inject("create", "fail")  # RunPod made the pod, but its answer was lost
+    code, out, err = rent(ws, rent_params(ws, "create"))
     assert code == 1
     assert "RunPod create pod failed" in err
     pod_id = ws["standin"].created()[-1]
@@ -181,7 +85,7 @@ def test_a_dropped_connection_terminates_the_pod(ws):
     for child in session.children(recursive=True):
         if child.name() == "ssh" and "stages/train.py" in " ".join(child.cmdline()):
             child.kill()
-    code, out, err = finish(proc)
+    code, out, err = finish(ws, proc)
     assert code == 1
     assert "lost the SSH connection to" in out and "ssh ended by SIGKILL" in out
     assert_terminated_once(ws, out)
@@ -191,7 +95,7 @@ def test_ctrl_c_terminates_the_pod(ws):
     proc = start(ws, rent_params(ws, "ctrlc"))
     wait_for(lambda: training_started(ws), what="training on the pod")
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal sends its foreground group
-    code, out, err = finish(proc)
+    code, out, err = finish(ws, proc)
     assert code == 130
     assert "interrupted: giving the machine back" in err
     assert_terminated_once(ws, out)
@@ -211,7 +115,7 @@ def test_the_on_pod_limit_ends_the_pod_when_this_side_is_gone(ws):
     wait_for(lambda: ws["standin"].created() and (ws["pod"] / ".burstrl/guard/guard.pid").is_file(),
              what="the limit armed on the pod")
     os.killpg(proc.pid, signal.SIGKILL)
-    finish(proc)
+    finish(ws, proc)
     pod_id = ws["standin"].created()[-1]
     wait_for(lambda: ws["standin"].terminations(pod_id), 60, "the pod to terminate itself")
     time.sleep(1)
@@ -360,7 +264,7 @@ def test_a_session_killed_at_random_points_finishes_its_iterations_when_run_agai
             proc.kill()
             kills.append(round(delay, 1))
             out, err = proc.communicate(timeout=60)
-        OUTPUTS.extend([out, err])
+        ws["outputs"].extend([out, err])
         code = proc.returncode
         assert code in (0, -signal.SIGKILL), f"seed {seed}, kills at {kills}: exit {code}\n{err[-3000:]}"
         wait_for(lambda: not leftovers(root, host), 60,
@@ -390,15 +294,5 @@ def test_a_session_killed_at_random_points_finishes_its_iterations_when_run_agai
 
 
 def test_no_secret_in_any_file_or_log(ws):
-    places = [ws["root"], ws["pod"], ws["pod"].parent / "static-host"]
-    assert OUTPUTS, "the sessions above ran"
-    for text in OUTPUTS:
-        assert API_KEY not in text and HUB_TOKEN not in text
-    scanned = 0
-    for place in places:
-        for path in place.rglob("*"):
-            if path.is_file() and not path.is_symlink():
-                data = path.read_bytes()
-                assert API_KEY.encode() not in data and HUB_TOKEN.encode() not in data, path
-                scanned += 1
-    assert scanned > 100 and (ws["root"] / "logs/train/001.log").is_file() and (ws["root"] / "dvc.lock").is_file()
+    assert_no_secret(ws, [ws["root"], ws["pod"], ws["pod"].parent / "static-host"])
+    assert (ws["root"] / "logs/train/001.log").is_file()

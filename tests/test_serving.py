@@ -176,7 +176,8 @@ def broken_child(root: Path, parent: dict) -> dict:
     return publish_policy(tmp, root / "checkpoints" / "002", version="002", parent=parent, iteration=2)
 
 
-def test_the_server_reloads_after_sync_keeps_a_loadable_model_and_a_stage_refuses_another_version(scored, tmp_path):
+def test_the_server_reloads_after_sync_keeps_a_loadable_model_and_a_stage_refuses_another_version(scored, two_servers,
+                                                                                                  tmp_path):
     tmp_path = tmp_path / "ws"
     env = clone(scored, tmp_path)
     base = tmp_path / "build" / "inference"
@@ -200,6 +201,19 @@ def test_the_server_reloads_after_sync_keeps_a_loadable_model_and_a_stage_refuse
         rows = pq.read_table(tmp_path / "data/rollouts/002.parquet").to_pylist()
         assert {(r["policy_version"], r["policy_hash"], r["sampler_weights"]) for r in rows} == {
             ("001", child["content_hash"], "checkpoint")}
+
+        # Endpoints at two versions at once: a stage sampling 000 finds one at 001 and stops, naming it.
+        at_000 = next(u for p, u in two_servers[2] if p.poll() is None)
+        mixed = served_params(tmp_path, policy=[at_000, url], wait_seconds=3.0)
+        before = (tmp_path / "data/rollouts/001.parquet").read_bytes()
+        done = run([sys.executable, "stages/generate.py", "001", "000", "--params", str(mixed)], tmp_path, env,
+                   check=False)
+        assert done.returncode == 1
+        assert done.stderr.strip().splitlines()[-1] == (
+            f"generate: error: {url} (servers.policy) serves {policy_name(child)}, but this stage expects "
+            f"{policy_name(reference)}: sync that checkpoint and let `python -m burstrl serve` reload, or point "
+            "servers.policy at a server of it")
+        assert (tmp_path / "data/rollouts/001.parquet").read_bytes() == before
 
         # A synced model vLLM cannot load: the supervisor stops 001, fails on 002 and serves 001 again.
         broken = broken_child(tmp_path, child)

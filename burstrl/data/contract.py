@@ -33,8 +33,8 @@ Task tables (prepare -> bootstrap, generate, eval): `prompt_id` int64 and unique
   strings; any other columns are task fields.
 Task columns (e.g. `answer`) ride along unchanged so reward functions receive them as keyword arguments.
 
-Readers call `read_rollouts` / `read_scored`, which check all of the above and raise `ContractError`
-naming the file, the row and the field.
+Readers call `read_rollouts` / `read_scored`, which check all of the above (and that the file has a row) and raise
+`ContractError` naming the file, the row and the field.
 """
 
 import json
@@ -167,6 +167,8 @@ def _check_groups(path, table):
 
 
 def _check_rollouts(path, table):
+    if len(table) == 0:
+        raise ContractError(f"{path}: has 0 rows; a batch of rollouts needs at least one group")
     for row, ids in enumerate(table["completion_ids"].to_pylist()):
         if not ids:
             fail(path, row, "completion_ids", "is empty", table)

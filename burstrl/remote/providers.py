@@ -90,13 +90,20 @@ class RunPodProvider:
 
         self.sdk = runpod
         self.cfg = cfg.runpod
-        key = os.environ.get("RUNPOD_API_KEY")
+        key, source = os.environ.get("RUNPOD_API_KEY"), "RUNPOD_API_KEY"
         if not key:
             path = _outside(Path(self.cfg.api_key_file).expanduser(), repo)
             if not path.is_file():
                 raise ProviderError(f"no RunPod API key: set RUNPOD_API_KEY or write it to {path}")
-            key = path.read_text().strip()
+            key, source = path.read_text().strip(), str(path)
         runpod.api_key = key
+        # Checked before anything is rented: a refused key later would leave nothing able to give a pod back.
+        try:
+            runpod.get_pods()
+        except runpod.error.AuthenticationError as err:
+            raise ProviderError(f"RunPod refused the API key in {source}: {err}") from err
+        except Exception as err:  # noqa: BLE001 (the SDK raises requests' errors and its own)
+            raise ProviderError(f"RunPod list pods failed: {type(err).__name__}: {err}") from err
         self.private_key = _outside(Path(cfg.ssh_key).expanduser(), repo)
         self.public_key = Path(f"{self.private_key}.pub")
         if not self.public_key.is_file():

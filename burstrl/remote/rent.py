@@ -30,7 +30,7 @@ import time
 
 from burstrl.config import Config, load_config
 from burstrl.errors import INTERRUPTED, PARTIAL, ConfigError, ProviderError, SessionError, SyncError
-from burstrl.pipeline import iterations, status
+from burstrl.pipeline import faults, iterations, status
 from burstrl.pipeline.catalog import BOOTSTRAP_STAGES
 from burstrl.pipeline.lanes import HOME, TRAINER
 from burstrl.remote import fleet
@@ -45,10 +45,11 @@ from burstrl.remote.loop import (
     transfer_seconds,
     write_report,
 )
-from burstrl.remote.providers import Lease, provider
+from burstrl.remote.providers import PREFIX, Lease, provider
 from burstrl.remote.train_host import Remote, home_path, watched
 
 GUARD = ".burstrl/guard"  # on the machine, under the workspace: guard.pid, guard.log
+TERMINATE_TRIES = 3
 
 
 def guard_script(workspace: str, seconds: float, self_terminate: str, secrets_file: str, session: str) -> str:
@@ -106,6 +107,11 @@ class Session:
         if code != 0:
             raise SessionError(f"{what} failed on {self.remote.host} (exit {code}): `{command}`")
 
+    def rent(self) -> None:
+        self.name = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+        self.lease = self.provider.create(self.name)
+        threading.Thread(target=self.ticker, daemon=True).start()
+
     def connect(self) -> None:
         r = self.cfg.rent
         endpoint = self.provider.endpoint(self.lease, r.ssh_timeout_seconds)
@@ -155,27 +161,31 @@ class Session:
             self.loop.lanes.stop()
         given_back = self.lease is None
         if self.lease is None and self.name is not None:
-            given_back = self.provider.terminate_named(self.name)  # interrupted while the create was in flight
-        for attempt in range(3 if self.lease is not None else 0):
+            # Interrupted while the create was in flight: the pod may exist, under its lease name.
+            given_back = self.provider.terminate_named(PREFIX + self.name)
+        for attempt in range(TERMINATE_TRIES if self.lease is not None else 0):
             try:
                 self.provider.terminate(self.lease)
                 given_back = True
                 break
             except ProviderError as err:
                 say(f"rent: {err}")
-                time.sleep(2 * (attempt + 1))
+                if attempt + 1 < TERMINATE_TRIES:
+                    time.sleep(2 * (attempt + 1))
         if not given_back:
             say(f"rent: COULD NOT GIVE BACK {self.lease.id if self.lease else self.name}: terminate it by hand "
                 f"(`make reap`); its own limit ends it at {self.limit_text()}")
-        elif self.remote is not None:
-            disarm = (f"(cd {shlex.quote(self.remote.dir)}/{GUARD} 2>/dev/null && {disarm_in_place(self.name)}true); "
-                      f"rm -f {home_path(self.cfg.rent.secrets_file)}")
+        if self.remote is not None:
+            # The secrets go whatever happened; the limit stays armed on a machine still being paid for.
+            disarm = f"(cd {shlex.quote(self.remote.dir)}/{GUARD} 2>/dev/null && {disarm_in_place(self.name)}true); "
+            script = f"{disarm if given_back else ''}rm -f {home_path(self.cfg.rent.secrets_file)}"
             try:
-                failed = self.remote.shell(disarm, capture_output=True, stdin=subprocess.DEVNULL, timeout=60).returncode
+                failed = self.remote.shell(script, capture_output=True, stdin=subprocess.DEVNULL, timeout=60).returncode
             except subprocess.TimeoutExpired:
                 failed = True
-            if failed and self.provider.name == "static":  # a terminated pod is simply gone
-                say(f"rent: could not disarm the limit on {self.remote.host}; it fires at {self.limit_text()}")
+            if failed and (self.provider.name == "static" or not given_back):  # a terminated pod is simply gone
+                say(f"rent: could not disarm the limit or delete the forwarded secrets on {self.remote.host}; the "
+                    f"limit fires at {self.limit_text()}")
         self.done.set()
         say(f"rent: session over: {self.cost_line()}", sys.stdout)
         return given_back
@@ -187,16 +197,16 @@ class Session:
         loop.lanes.gate.clear()
         loop.lanes.start()
         try:
-            self.name = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
-            self.lease = self.provider.create(self.name)
-            threading.Thread(target=self.ticker, daemon=True).start()
-            self.connect()
-            self.arm()
-            self.step("prepare", self.cfg.rent.prepare_command, cwd=False)
-            self.remote.push([])
-            self.step("setup", self.cfg.rent.setup_command)
-            self.step("GPU check", self.cfg.rent.check_command)
-            self.forward_secrets()
+            r = self.cfg.rent
+            for name, do in (("create", self.rent), ("connect", self.connect), ("arm", self.arm),
+                             ("prepare", lambda: self.step("prepare", r.prepare_command, cwd=False)),
+                             ("push", lambda: self.remote.push([])),
+                             ("setup", lambda: self.step("setup", r.setup_command)),
+                             ("check", lambda: self.step("GPU check", r.check_command)),
+                             ("secrets", self.forward_secrets)):
+                faults.point(f"rent_{name}")  # where the tests pause a session to signal it at each step
+                do()
+            faults.point("rent_train")
             loop.lanes.env[TRAINER] = self.train_env()
             marks["lanes"] = time.time()
             loop.lanes.gate.set()

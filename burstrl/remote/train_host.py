@@ -29,7 +29,7 @@ from pathlib import Path
 
 from burstrl.atomic import write_json
 from burstrl.errors import LINK_LOST, ConfigError, SyncError
-from burstrl.pipeline import resume
+from burstrl.pipeline import faults, resume
 from burstrl.remote.sync import Target, ssh_command
 
 # The only environment the remote stage gets from here, besides the deadline: the kill and pause points for tests.
@@ -173,6 +173,7 @@ def run_train(spec: str, ssh_configured: str, iteration: str, parent: str, param
         remote.pull_checkpoints(work)
     if status == 0:
         metrics = Path(f"metrics/train/{iteration}.json")
+        faults.point("train_pull")
         remote.pull([f"checkpoints/{iteration}", f"data/weights/{iteration}.parquet", str(metrics),
                      f"dvclive/train/{iteration}"])
         # The session's report splits the stage's time into transfers and training with it.

@@ -2,13 +2,16 @@
 
 Any callable with that signature plugs in by dotted name in `score.reward_funcs`, including TRL's own
 (`trl.rewards.accuracy_reward`, ...). A function may return None for a sample it does not apply to; the
-weighted total skips it, as TRL does.
+weighted total skips it, as TRL does. NaN, inf or anything but a number is an error that names the function
+and the row: TRL skips a NaN like a None, which would hide a broken verifier as a row it does not apply to.
 """
 
 import importlib
 import json
 import math
+import numbers
 
+from burstrl.data.contract import fail
 from burstrl.errors import ConfigError, ContractError
 
 # What an episode recorded, passed to every function by name beside the task columns (docs/environments.md).
@@ -74,7 +77,8 @@ def score_table(names: list[str], weights: list[float], source, table, task_colu
     passes dataset columns; with `conversational`, prompts are one-message chats and completions the episode's
     messages (a single completion is one assistant message), as in TRL.
     `extra` keyword arguments go to every function too: the served judge (burstrl.inference.judge) as `judge`.
-    A function that raises or returns the wrong number of values is named in the error.
+    A function that raises, returns the wrong number of values, or a value that is neither a finite number nor
+    None is named in the error, with the row.
     """
     funcs = [resolve(name) for name in names]
     present = [c for c in EPISODE_COLUMNS if c in table.column_names]
@@ -98,6 +102,11 @@ def score_table(names: list[str], weights: list[float], source, table, task_colu
         if len(values) != len(prompts):
             raise ContractError(f"{source}: reward function {name} returned {len(values)} values for "
                                 f"{len(prompts)} rows")
+        for row, value in enumerate(values):
+            if value is not None and not (isinstance(value, numbers.Real) and math.isfinite(value)):
+                fail(source, row, "rewards", f"reward function {name} returned {value!r}; it must return a finite "
+                     "number, or None for a row it does not apply to",
+                     table if {"prompt_id", "sample_index"} <= set(table.column_names) else None)
         per_function.append(values)
     totals = weighted_total(per_function, weights)
     missing = next((row for row, value in enumerate(totals) if math.isnan(value)), None)
@@ -110,6 +119,6 @@ def weighted_total(per_function: list[list[float | None]], weights: list[float])
     """Per-sample sum of weight * reward over the functions that returned a value (None is skipped)."""
     totals = []
     for values in zip(*per_function, strict=True):
-        present = [w * v for w, v in zip(weights, values, strict=True) if v is not None and not math.isnan(v)]
+        present = [w * v for w, v in zip(weights, values, strict=True) if v is not None]
         totals.append(sum(present) if present else math.nan)
     return totals
