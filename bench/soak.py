@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 import yaml
 from safetensors.torch import load_file
 
-from bench.watch import Watched, stage_key, watch
+from bench.watch import Watched, stage_processes, watch
 from burstrl.atomic import write_json
 from burstrl.pipeline import workspace
 
@@ -45,8 +45,7 @@ TIMED = ("metrics/", "report/", "data/sync/", "dvclive/")
 @dataclass
 class Kill:
     run: int
-    target: str
-    landed: str  # the stage kind whose process ran at the kill, or whose DVC commit was under way
+    stage: str  # the stage kind that ran at the kill, or whose outputs DVC was committing
     in_commit: bool  # the stage's command had exited: DVC was hashing its outputs and writing dvc.lock
     resumed: bool  # the stage had been killed before in this run: the kill hit its resumed run
     seconds_into_stage: float
@@ -59,19 +58,7 @@ def kind(key: str) -> str:
 
 
 def running(top: psutil.Process) -> set[str]:
-    try:
-        procs = top.children(recursive=True)
-    except psutil.Error:
-        return set()
-    kinds = set()
-    for proc in procs:
-        try:
-            key = stage_key(proc.cmdline())
-        except psutil.Error:
-            continue
-        if key is not None:
-            kinds.add(kind(key))
-    return kinds
+    return {kind(key) for key, _ in stage_processes(top)}
 
 
 def kill_during(root: Path, env: dict, cmd: list[str], target: str, delay: float, log) -> tuple[bool, float]:
@@ -108,7 +95,7 @@ def soak_run(root: Path, env: dict, targets: list[str], durations: dict[str, flo
     with open(root / "soak.log", "a") as log:
         for target in targets:
             in_commit, after = kill_during(root, env, list(cmd), target, rng.uniform(0, durations[target]), log)
-            kills.append(Kill(run, target, target, in_commit, any(k.target == target for k in kills), round(after, 3)))
+            kills.append(Kill(run, target, in_commit, any(k.stage == target for k in kills), round(after, 3)))
         complete(root, env, list(cmd), log)
     return kills
 
@@ -227,7 +214,7 @@ def table(kills: list[Kill], diffs: list[dict], stages: list[str]) -> list[dict]
     largest weight difference over every run; whether every check of the stage held in every run."""
     lines = []
     for stage in stages:
-        mine = [k for k in kills if k.landed == stage]
+        mine = [k for k in kills if k.stage == stage]
         checks = [d[stage] for d in diffs]
         lines.append({
             "stage": stage, "kills": len(mine), "in_commit": sum(k.in_commit for k in mine),

@@ -46,6 +46,23 @@ def stage_key(cmdline: list[str]) -> str | None:
     return None
 
 
+def stage_processes(top: psutil.Process) -> list[tuple[str, psutil.Process]]:
+    """(stage_key, process) for every stage process under `top`, now; processes that end meanwhile are skipped."""
+    try:
+        procs = [top, *top.children(recursive=True)]
+    except psutil.Error:
+        return []
+    found = []
+    for proc in procs:
+        try:
+            key = stage_key(proc.cmdline())
+        except psutil.Error:
+            continue
+        if key is not None:
+            found.append((key, proc))
+    return found
+
+
 def _tree_rss(proc: psutil.Process) -> int:
     total = 0
     for p in [proc, *proc.children(recursive=True)]:
@@ -67,20 +84,10 @@ def watch(cmd: list[str], cwd, env) -> Watched:
     top = psutil.Process(root.pid)
     while root.poll() is None:
         now = time.monotonic()
-        try:
-            procs = [top, *top.children(recursive=True)]
-        except psutil.Error:
-            procs = []
-        for proc in procs:
-            try:
-                key = stage_key(proc.cmdline())
-                if key is None:
-                    continue
-                run = result.stages.setdefault(key, StageRun(first=now, last=now))
-                run.last = now
-                run.peak_rss = max(run.peak_rss, _tree_rss(proc))
-            except psutil.Error:
-                continue
+        for key, proc in stage_processes(top):
+            run = result.stages.setdefault(key, StageRun(first=now, last=now))
+            run.last = now
+            run.peak_rss = max(run.peak_rss, _tree_rss(proc))
         time.sleep(POLL_SECONDS)
     result.wall = time.monotonic() - started
     reader.join()

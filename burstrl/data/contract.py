@@ -92,7 +92,7 @@ FINISH_REASONS = {"stop", "length", "max_turns", "done"}
 
 def fail(path, row, field, problem, table=None):
     where = f"row {row}"
-    if table is not None and row is not None:
+    if table is not None and row is not None and {"prompt_id", "sample_index"} <= set(table.column_names):
         where += f" (prompt_id={table['prompt_id'][row].as_py()}, sample_index={table['sample_index'][row].as_py()})"
     raise ContractError(f"{path}: {where if row is not None else 'schema'}: field '{field}': {problem}")
 

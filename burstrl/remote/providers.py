@@ -75,7 +75,7 @@ class StaticProvider:
     def terminate(self, lease: Lease) -> None:
         print(f"rent: {lease.id} is your own machine: nothing to give back")
 
-    def terminate_named(self, name: str) -> bool:
+    def terminate_session(self, session: str) -> bool:
         return True
 
     def reap(self) -> list[str]:
@@ -99,11 +99,11 @@ class RunPodProvider:
         runpod.api_key = key
         # Checked before anything is rented: a refused key later would leave nothing able to give a pod back.
         try:
-            runpod.get_pods()
-        except runpod.error.AuthenticationError as err:
-            raise ProviderError(f"RunPod refused the API key in {source}: {err}") from err
-        except Exception as err:  # noqa: BLE001 (the SDK raises requests' errors and its own)
-            raise ProviderError(f"RunPod list pods failed: {type(err).__name__}: {err}") from err
+            self._call("list pods", runpod.get_pods)
+        except ProviderError as err:
+            if isinstance(err.__cause__, runpod.error.AuthenticationError):
+                raise ProviderError(f"RunPod refused the API key in {source}: {err.__cause__}") from err
+            raise
         self.private_key = _outside(Path(cfg.ssh_key).expanduser(), repo)
         self.public_key = Path(f"{self.private_key}.pub")
         if not self.public_key.is_file():
@@ -126,7 +126,7 @@ class RunPodProvider:
                              env={"PUBLIC_KEY": self.public_key.read_text().strip()})
         except ProviderError:
             # The create may have reached RunPod before the answer was lost: a pod by this name is ours to end.
-            self.terminate_named(name)
+            self.terminate_session(session)
             raise
         print(f"rent: pod {pod['id']} ({name}) created: {c.gpu_count}x {c.gpu_type}", flush=True)
         return Lease(pod["id"], name)
@@ -165,8 +165,9 @@ class RunPodProvider:
         self.terminated.add(lease.id)
         print(f"rent: pod {lease.id} terminated", flush=True)
 
-    def terminate_named(self, name: str) -> bool:
-        """Terminate the pods named `name`; True once none is left running."""
+    def terminate_session(self, session: str) -> bool:
+        """Terminate the pods of `session` (by their name); True once none is left running."""
+        name = PREFIX + session
         try:
             for found in self._pods(name):
                 self.terminate(Lease(found["id"], name))

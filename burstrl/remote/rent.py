@@ -45,7 +45,7 @@ from burstrl.remote.loop import (
     transfer_seconds,
     write_report,
 )
-from burstrl.remote.providers import PREFIX, Lease, provider
+from burstrl.remote.providers import Lease, provider
 from burstrl.remote.train_host import Remote, home_path, watched
 
 GUARD = ".burstrl/guard"  # on the machine, under the workspace: guard.pid, guard.log
@@ -161,8 +161,7 @@ class Session:
             self.loop.lanes.stop()
         given_back = self.lease is None
         if self.lease is None and self.name is not None:
-            # Interrupted while the create was in flight: the pod may exist, under its lease name.
-            given_back = self.provider.terminate_named(PREFIX + self.name)
+            given_back = self.provider.terminate_session(self.name)  # interrupted while the create was in flight
         for attempt in range(TERMINATE_TRIES if self.lease is not None else 0):
             try:
                 self.provider.terminate(self.lease)

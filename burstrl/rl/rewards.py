@@ -105,8 +105,7 @@ def score_table(names: list[str], weights: list[float], source, table, task_colu
         for row, value in enumerate(values):
             if value is not None and not (isinstance(value, numbers.Real) and math.isfinite(value)):
                 fail(source, row, "rewards", f"reward function {name} returned {value!r}; it must return a finite "
-                     "number, or None for a row it does not apply to",
-                     table if {"prompt_id", "sample_index"} <= set(table.column_names) else None)
+                     "number, or None for a row it does not apply to", table)
         per_function.append(values)
     totals = weighted_total(per_function, weights)
     missing = next((row for row, value in enumerate(totals) if math.isnan(value)), None)
