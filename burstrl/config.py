@@ -19,7 +19,8 @@ from burstrl.errors import ConfigError
 BASELINES = ("group_mean", "leave_one_out")
 SCALES = ("group", "batch", "none")
 KL_ESTIMATORS = ("k1", "k2", "k3")
-IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "none")
+IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "sequence_geo_mask", "none")
+PRECISIONS = ("fp32", "bf16", "fp16")
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 STRATEGIES = ("ddp", "fsdp", "deepspeed_zero2", "deepspeed_zero3")
 PROVIDERS = ("runpod", "static")
@@ -202,7 +203,9 @@ class TrainConfig:
     epsilon_high: float = 0.2
     """Upper PPO clip range: clipped above at 1 + epsilon_high (DAPO's clip-higher uses 0.28)."""
     is_mode: str = "token_truncate"
-    """Importance weight pi_old / sampler: token_truncate, token_mask, sequence_truncate, sequence_mask or none."""
+    """Importance weight pi_old / sampler: token_truncate, token_mask (with is_floor > 0 IcePop's two-sided mask),
+    sequence_truncate, sequence_mask, sequence_geo_mask (the tokens' geometric-mean ratio, masked outside the
+    band) or none."""
     is_cap: float = 2.0
     """Upper bound of the importance weight: truncated to it, or the token/sequence masked above it."""
     is_floor: float = 0.0
@@ -218,8 +221,9 @@ class TrainConfig:
     """Gradient clipping."""
     device: str = "cpu"
     """Where the backward pass runs ("cpu", "cuda")."""
-    bf16: bool = False
-    """bf16 mixed precision (an H200 yes, a CPU no)."""
+    precision: str = "fp32"
+    """Mixed precision of the update: fp32 (none; CPU), bf16, or fp16 (CUDA only, with loss scaling), which trains
+    in the precision of fp16 samplers such as the MI50s and so narrows the sampler gap (docs/objective.md)."""
 
 
 @dataclass
@@ -423,6 +427,7 @@ def load_config(path: Path | str = "params.yaml") -> Config:
         "train.kl_estimator": (t.kl_estimator, KL_ESTIMATORS),
         "train.loss_type": (t.loss_type, LOSS_TYPES),
         "train.is_mode": (t.is_mode, IS_MODES),
+        "train.precision": (t.precision, PRECISIONS),
         "launch.strategy": (cfg.launch.strategy, STRATEGIES),
         "rent.provider": (cfg.rent.provider, PROVIDERS),
         "sync.quantize": (cfg.sync.quantize, QUANTIZATIONS),
@@ -435,6 +440,8 @@ def load_config(path: Path | str = "params.yaml") -> Config:
     need(not (t.kl_estimator == "k2" and t.kl_ratio_correction),
          "train.kl_estimator k2 already has the reverse-KL gradient; weighting it by pi_theta / pi_old would bias "
          "it: set train.kl_ratio_correction to false")
+    need(t.precision != "fp16" or t.device == "cuda", "train.precision fp16 needs train.device cuda (mixed fp16 "
+         "with loss scaling is a GPU mode)", train__precision=t.precision, train__device=t.device)
     need(t.max_staleness >= 0, "train.max_staleness must be >= 0", train__max_staleness=t.max_staleness)
     need(0 <= g.min_tokens <= g.max_tokens, "need 0 <= generate.min_tokens <= generate.max_tokens",
          generate__min_tokens=g.min_tokens, generate__max_tokens=g.max_tokens)

@@ -29,7 +29,7 @@ from burstrl.pipeline.stage import Exit, parse, stage
 from burstrl.remote import train_host
 from burstrl.rl.selection import check_batch, select_rows, staleness
 from burstrl.training import launch, trainstate
-from burstrl.training.trainer import RolloutGRPOTrainer, grpo_config
+from burstrl.training.trainer import RolloutGRPOTrainer, exact_policies, grpo_config
 
 
 def mean_of(history: list[dict], key: str) -> float | None:
@@ -109,6 +109,10 @@ if __name__ == "__main__":
         r = cfg.resume
         cadence = trainstate.Cadence(r.checkpoint_every_steps, r.checkpoint_every_minutes, deadline,
                                      r.deadline_margin_seconds)
+        exact, missing = exact_policies(table, parent_meta, Path("checkpoints"))
+        if missing:
+            print(f"train {args.iteration}: checkpoints of sampler versions {', '.join(missing)} are not here: "
+                  "the sampler gap is not split into quantization and staleness")
         trainer = RolloutGRPOTrainer(
             model=model,
             processing_class=tokenizer,
@@ -116,6 +120,7 @@ if __name__ == "__main__":
             train_dataset=datasets.Dataset(table.append_column("keep", pa.array(selection.keep))),
             train=cfg.train,
             work=work.path,
+            exact_policies=exact,
             callbacks=[cadence],
         )
         started = time.monotonic()
@@ -159,7 +164,9 @@ if __name__ == "__main__":
         write_table(weights, WEIGHT_FIELDS, Path(f"data/weights/{args.iteration}.parquet"))
         write_curves(f"dvclive/train/{args.iteration}", trainer.args, history)
     write_json(Path(f"metrics/train/{args.iteration}.json"), metrics)
+    split = ("" if metrics["quantization_kl"] is None else
+             f" ({metrics['quantization_kl']:.4f} sampler, {metrics['staleness_kl']:.4f} staleness)")
     print(f"train {args.iteration}: {steps} steps on {metrics['rows_kept']}/{len(table)} rows, "
-          f"sampler KL {metrics['sampler_kl']:.4f}, IS weights clipped {metrics['is_clipped_fraction']:.1%}, "
+          f"sampler KL {metrics['sampler_kl']:.4f}{split}, IS weights clipped {metrics['is_clipped_fraction']:.1%}, "
           f"kl {metrics.get('kl', 0):.4f} in {metrics['seconds']}s", flush=True)
     work.finish()

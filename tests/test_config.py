@@ -75,4 +75,4 @@ def test_the_eight_gpu_profile_shards_over_every_gpu_of_the_pod(tmp_path):
     (tmp_path / "params.yaml").write_text(OmegaConf.to_yaml(composed))
     cfg = load_config(tmp_path / "params.yaml")
     assert (cfg.launch.processes, cfg.launch.strategy, cfg.rent.runpod.gpu_count) == (0, "fsdp", 8)
-    assert (cfg.train.device, cfg.train.bf16) == ("cuda", True)
+    assert (cfg.train.device, cfg.train.precision) == ("cuda", "bf16")

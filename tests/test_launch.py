@@ -15,7 +15,7 @@ from burstrl.errors import PARTIAL, ConfigError, ToolError
 from burstrl.pipeline.stage import STATUS_FILE, Exit, stage
 from burstrl.training.launch import command, per_device_batch, world_size
 
-GPU = TrainConfig(device="cuda", bf16=True)
+GPU = TrainConfig(device="cuda", precision="bf16")
 LAUNCHER = [sys.executable, "-m", "accelerate.commands.launch"]
 
 
@@ -126,7 +126,8 @@ def test_two_ranks_train_on_halves_and_report_every_row_like_one_process(scored,
                               pq.read_table(root / "data/weights/001.parquet").to_pylist())
     (one, one_rows), (two, two_rows) = results[1], results[2]
     assert two["optimizer_steps"] == one["optimizer_steps"] == 100
-    for key in ("sampler_kl", "is_weight_mean", "is_weight_max", "is_clipped_fraction", "rows_kept"):
+    for key in ("sampler_kl", "chi2", "is_ess", "log_ratio_abs_mean", "quantization_kl", "is_weight_mean",
+                "is_weight_max", "is_clipped_fraction", "rows_kept"):
         assert two[key] == pytest.approx(one[key], abs=1e-5), key
     assert [(r["prompt_id"], r["sample_index"]) for r in two_rows] == [(r["prompt_id"], r["sample_index"])
                                                                          for r in one_rows]

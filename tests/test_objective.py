@@ -9,7 +9,7 @@ from conftest import as_table, rollout_rows
 
 from burstrl.config import TrainConfig
 from burstrl.data.contract import SCORED_FIELDS
-from burstrl.rl import objective
+from burstrl.rl import mismatch, objective
 from burstrl.rl.selection import check_batch, select_rows, staleness
 
 LOG = math.log
@@ -51,11 +51,62 @@ FULL = torch.ones(1, 2)
     ("sequence_truncate", 3.0, 0.0, [[2.5]]),
     ("sequence_mask", 2.0, 0.0, [[0.0]]),
     ("sequence_mask", 3.0, 0.0, [[2.5]]),
+    # IcePop's two-sided token mask: the ratio 0.5 is below the floor, 5 inside the cap.
+    ("token_mask", 6.0, 0.6, [[5.0, 0.0]]),
+    # The geometric mean sqrt(5 * 0.5) = 1.5811, inside [0.6, 2] and above a band of [0.6, 1.5].
+    ("sequence_geo_mask", 2.0, 0.6, [[math.sqrt(2.5)]]),
+    ("sequence_geo_mask", 1.5, 0.6, [[0.0]]),
     ("none", 2.0, 0.0, [[1.0, 1.0]]),
 ])
 def test_importance_weight_variants(mode, cap, floor, expected):
     ratio = objective.raw_importance_ratio(PROXIMAL, SAMPLER, FULL, mode)
     assert objective.importance_weights(ratio, mode, cap, floor).tolist() == [approx(expected[0])]
+
+
+def test_geometric_mean_ignores_padding():
+    # The second row's one real token has ratio 4; its padding would halve a plain mean of the log ratios.
+    proximal = torch.tensor([[LOG(0.5), LOG(0.2)], [LOG(0.8), 0.0]])
+    sampler = torch.tensor([[LOG(0.1), LOG(0.4)], [LOG(0.2), 0.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    ratio = objective.raw_importance_ratio(proximal, sampler, mask, "sequence_geo_mask")
+    assert ratio.tolist() == [approx([math.sqrt(2.5)]), approx([4.0])]
+
+
+def test_mismatch_metrics_by_hand():
+    # Token ratios rho = 5 and 0.5; the loss used them truncated at 2: w = 2 and 0.5.
+    ratio = objective.raw_importance_ratio(PROXIMAL, SAMPLER, FULL, "token_truncate")
+    weights = objective.importance_weights(ratio, "token_truncate", 2.0, 0.0)
+    exact = torch.tensor([[LOG(0.25), LOG(0.25)]])  # pi_v, the weights the sampler was quantized from
+
+    def k3(r):
+        return math.exp(r) - r - 1
+
+    got = mismatch.batch_metrics(PROXIMAL, SAMPLER, ratio, weights, FULL, FULL, exact)
+    assert got == {
+        "sampler_kl": pytest.approx((k3(LOG(5)) + k3(LOG(0.5))) / 2),
+        "log_ratio_abs_mean": pytest.approx((LOG(5) + LOG(2)) / 2),
+        "chi2": pytest.approx((25 + 0.25) / 2 - 1),
+        "is_ess": pytest.approx(2.5**2 / (2 * (4 + 0.25))),
+        # mu -> pi_v: ratios 0.25/0.1 and 0.25/0.4; pi_v -> pi_old: 0.5/0.25 and 0.2/0.25
+        "quantization_kl": pytest.approx((k3(LOG(2.5)) + k3(LOG(0.625))) / 2),
+        "staleness_kl": pytest.approx((k3(LOG(2)) + k3(LOG(0.8))) / 2),
+    }
+    no_split = mismatch.batch_metrics(PROXIMAL, SAMPLER, ratio, weights, FULL, FULL)
+    assert (no_split["quantization_kl"], no_split["staleness_kl"]) == (None, None)
+    # The same weights as the sampler: no gap at all, and every sample counts.
+    same = mismatch.batch_metrics(SAMPLER, SAMPLER, torch.ones(1, 2), torch.ones(1, 2), FULL, FULL, SAMPLER)
+    assert same == {"sampler_kl": 0.0, "log_ratio_abs_mean": 0.0, "chi2": 0.0, "is_ess": 1.0,
+                    "quantization_kl": 0.0, "staleness_kl": 0.0}
+
+
+@pytest.mark.parametrize(("weights", "units", "expected"), [
+    ([[1.0, 1.0, 1.0, 1.0]], [[1.0, 1.0, 1.0, 1.0]], 1.0),
+    ([[3.0, 0.0, 0.0, 0.0]], [[1.0, 1.0, 1.0, 1.0]], 0.25),  # one token carries the batch: 1/n
+    ([[1.0, 3.0, 9.0, 9.0]], [[1.0, 1.0, 0.0, 0.0]], 16 / (2 * 10)),  # masked units are no samples
+    ([[0.0, 0.0]], [[1.0, 1.0]], 0.0),
+])
+def test_effective_sample_size(weights, units, expected):
+    assert mismatch.effective_sample_size(torch.tensor(weights), torch.tensor(units)) == pytest.approx(expected)
 
 
 def test_padding_and_masked_rows_get_ratio_one():

@@ -1,7 +1,8 @@
 """A deliberately mismatched sampler, end to end: rollouts sampled by a perturbed copy of the policy (what a
 quantized or stale inference box amounts to), scored and trained on by the real stages.
 
-The train stage must see the gap (its sampler-vs-trainer KL), weight each token by pi_old / sampler truncated
+The train stage must see the gap (its sampler-vs-trainer KL, chi-squared, effective sample size, and on a
+stale batch the gap split into the sampler's part and staleness), weight each token by pi_old / sampler truncated
 at the cap (checked by hand against a separate Hugging Face forward pass), and still train to finite weights.
 The workspace is a clone of the session's bootstrapped one.
 """
@@ -36,6 +37,27 @@ def perturbed_copy(source, target):
     mark_derived(target, read_metadata(source), f"perturbed-{NOISE}")
 
 
+def mismatch_by_hand(sampler, exact, proximal) -> dict:
+    """The mismatch metrics of flat token lists (every token counted; train's default is_mode truncates at 1.5)."""
+
+    def k3(r):
+        return math.exp(r) - r - 1
+
+    def mean(values):
+        return sum(values) / len(values)
+
+    rho = [math.exp(p - s) for p, s in zip(proximal, sampler, strict=True)]
+    weights = [min(r, 1.5) for r in rho]
+    return {
+        "sampler_kl": mean([k3(p - s) for p, s in zip(proximal, sampler, strict=True)]),
+        "log_ratio_abs_mean": mean([abs(p - s) for p, s in zip(proximal, sampler, strict=True)]),
+        "chi2": mean([r * r for r in rho]) - 1,
+        "is_ess": sum(weights) ** 2 / (len(weights) * sum(w * w for w in weights)),
+        "quantization_kl": mean([k3(e - s) for e, s in zip(exact, sampler, strict=True)]),
+        "staleness_kl": mean([k3(p - e) for p, e in zip(proximal, exact, strict=True)]),
+    }
+
+
 def test_mismatched_sampler_is_measured_and_corrected(bootstrapped, tmp_path):
     root = tmp_path / "ws"
     env = clone(bootstrapped, root, PARAMS)
@@ -52,14 +74,15 @@ def test_mismatched_sampler_is_measured_and_corrected(bootstrapped, tmp_path):
 
     # The gap, by hand: KL(sampler || trainer) estimated with k3 on the sampled tokens.
     policy = AutoModelForCausalLM.from_pretrained(root / "checkpoints/000").eval()
-    gaps, hand_weights = [], []
-    for row in rollouts:
-        proximal = completion_logprobs(policy, row["prompt_ids"], row["completion_ids"])
-        for p, s in zip(proximal, row["sampler_logprobs"], strict=True):
-            gaps.append(math.exp(p - s) - (p - s) - 1)
-        hand_weights.append([min(math.exp(p - s), 1.5) for p, s in zip(proximal, row["sampler_logprobs"], strict=True)])
-    assert metrics["sampler_kl"] == pytest.approx(sum(gaps) / len(gaps), rel=1e-3)
+    exact = [completion_logprobs(policy, row["prompt_ids"], row["completion_ids"]) for row in rollouts]
+    sampler = [t for row in rollouts for t in row["sampler_logprobs"]]
+    hand_weights = [[min(math.exp(p - s), 1.5) for p, s in zip(proximal, row["sampler_logprobs"], strict=True)]
+                    for proximal, row in zip(exact, rollouts, strict=True)]
+    hand = mismatch_by_hand(sampler, [t for row in exact for t in row], [t for row in exact for t in row])
+    assert {k: metrics[k] for k in hand} == pytest.approx(hand, rel=1e-3, abs=1e-6)
     assert metrics["sampler_kl"] > 0.05, "a perturbed sampler must show a gap; the same weights show ~0"
+    # Sampled by 000's perturbed copy, trained from 000 itself: the whole gap is the sampler's, none staleness.
+    assert metrics["quantization_kl"] == pytest.approx(metrics["sampler_kl"]) and metrics["staleness_kl"] == 0
     assert 0 < metrics["is_clipped_fraction"] < 1 and metrics["is_weight_max"] == pytest.approx(1.5)
     for row, hand in zip(weights[:5], hand_weights[:5], strict=True):
         assert row["is_weights"] == pytest.approx(hand, rel=1e-4)
@@ -69,6 +92,17 @@ def test_mismatched_sampler_is_measured_and_corrected(bootstrapped, tmp_path):
     trained = load_file(root / "checkpoints/001/model.safetensors")
     assert all(torch.isfinite(t).all() for t in trained.values())
     assert read_metadata(root / "checkpoints/001")["lineage"][1]["policy_version"] == "000"
+
+    # The same rollouts one version stale: 002 trains from 001, so the gap splits into the sampler's (perturbed
+    # 000 against 000) and staleness (000 against 001), each computed here from Hugging Face forward passes.
+    shutil.copy(root / "data/scored/001.parquet", root / "data/scored/002.parquet")
+    run(["python", "stages/train.py", "002", "001"], root, env)
+    stale = json.loads((root / "metrics/train/002.json").read_text())
+    trainer = AutoModelForCausalLM.from_pretrained(root / "checkpoints/001").eval()
+    proximal = [t for row in rollouts for t in completion_logprobs(trainer, row["prompt_ids"], row["completion_ids"])]
+    hand = mismatch_by_hand(sampler, [t for row in exact for t in row], proximal)
+    assert {k: stale[k] for k in hand} == pytest.approx(hand, rel=1e-3, abs=1e-6)
+    assert stale["staleness"] == {"1": len(rollouts)} and stale["staleness_kl"] > 0
 
     # Without a KL term, score runs no reference engine and says so; train needs no reference logprobs.
     params = yaml.safe_load((root / "params.yaml").read_text())

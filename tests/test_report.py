@@ -36,7 +36,8 @@ def write_run(root, iterations=1):
         put(root / f"metrics/score/{v}.json", {"reward_mean": 0.5 + 0.1 * i,
                                                "reward/burstrl.rl.rewards.exact_match": 0.25, "seconds": 30})
         put(root / f"metrics/train/{v}.json", {
-            "kl": 0.01 * i, "sampler_kl": 0.002 * i, "entropy": 1.5, "is_weight_mean": 0.99, "seconds": 10,
+            "kl": 0.01 * i, "sampler_kl": 0.002 * i, "quantization_kl": 0.002 * i, "staleness_kl": 0.0,
+            "entropy": 1.5, "is_weight_mean": 0.99, "seconds": 10,
             "staleness": {"0": 2, "1": 2}, "rows_kept": 3, "rows_dropped_stale": 1, "rows_dropped_zero_variance": 0,
             "rows_masked_truncated": 0,
         })

@@ -13,6 +13,7 @@ TRAINING_STAGES = ("bootstrap", "train")  # priced at cost.train_usd_per_hour, t
 PLOTS = [
     ("Reward and held-out accuracy", ["reward_mean", "heldout_accuracy"]),
     ("KL to the reference and from the sampler", ["kl_ref", "sampler_kl"]),
+    ("Sampler gap: quantization and staleness", ["quantization_kl", "staleness_kl"]),
     ("Completion length", ["completion_length"]),
     ("Seconds per stage", [f"seconds_{stage}" for stage in ITERATION_STAGES]),
 ]

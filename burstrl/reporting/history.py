@@ -70,6 +70,7 @@ def collect(metrics_dir: Path, sync_dir: Path, cost: CostConfig, iterations: lis
             "heldout_accuracy": m["eval"].get("heldout_accuracy"),
             "kl_ref": train.get("kl"),
             "sampler_kl": train.get("sampler_kl"),
+            **{k: train.get(k) for k in ("quantization_kl", "staleness_kl", "chi2", "is_ess")},
             "entropy": train.get("entropy"),
             "is_weight_mean": train.get("is_weight_mean"),
             "is_clipped_fraction": train.get("is_clipped_fraction"),

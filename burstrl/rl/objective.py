@@ -33,12 +33,15 @@ def kl_to_reference(logps: torch.Tensor, ref_logps: torch.Tensor, estimator: str
 
 
 def raw_importance_ratio(proximal: torch.Tensor, sampler: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
-    """pi_old / mu per token (B, T), or per sequence (B, 1) for the sequence modes; padding counts as ratio 1.
+    """pi_old / mu per token (B, T), or per sequence (B, 1) for the sequence modes (the product of the token
+    ratios, or for sequence_geo_mask their geometric mean); padding counts as ratio 1.
 
     The log ratio is capped at 50 so a long sequence's product stays finite in float32 (and in the metrics);
     any cap or floor a user sets is far inside that, so truncation and masking are unchanged."""
     log_ratio = (proximal - sampler) * mask
-    if mode.startswith("sequence"):
+    if mode == "sequence_geo_mask":  # the geometric mean of the token ratios: a length-independent band
+        log_ratio = log_ratio.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1.0)
+    elif mode.startswith("sequence"):
         log_ratio = log_ratio.sum(-1, keepdim=True)
     return torch.exp(log_ratio.clamp(max=MAX_LOG_RATIO))
 

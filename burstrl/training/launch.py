@@ -53,7 +53,7 @@ def command(launch: LaunchConfig, train: TrainConfig, processes: int, script: li
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
                 *script]
     flags = ["--num_processes", str(processes), "--num_machines", "1", "--dynamo_backend", "no",
-             "--mixed_precision", "bf16" if train.bf16 else "no"]
+             "--mixed_precision", {"fp32": "no"}.get(train.precision, train.precision)]
     if launch.strategy == "ddp":
         flags.append("--multi_gpu")
     return [sys.executable, "-m", "accelerate.commands.launch", *flags, *STRATEGY_FLAGS[launch.strategy], *script]

@@ -24,13 +24,15 @@ from pathlib import Path
 import torch
 from accelerate.utils import gather_object
 from torch.utils.data import SequentialSampler
+from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
-from trl.trainer.utils import pad
+from trl.trainer.utils import add_fused_lm_head, pad
 
 from burstrl.atomic import replacing
 from burstrl.config import TrainConfig
+from burstrl.data.policy import read_metadata
 from burstrl.pipeline import faults
-from burstrl.rl import objective
+from burstrl.rl import mismatch, objective
 from burstrl.training import launch, trainstate
 
 
@@ -39,11 +41,19 @@ def _precomputed(*args, **kwargs):
 
 
 class RolloutGRPOTrainer(GRPOTrainer):
-    def __init__(self, *, train: TrainConfig, work: Path | None = None, **kwargs):
+    def __init__(self, *, train: TrainConfig, work: Path | None = None, exact_policies: dict | None = None,
+                 **kwargs):
         super().__init__(reward_funcs=[_precomputed], **kwargs)
         self.beta = train.beta
         self.train_config = train
         self.work = work
+        # policy_version -> the checkpoint that version sampled from (None: the trainer's own weights), for the
+        # split of the sampler gap; None when some version's checkpoint is not here.
+        self.exact_policies = exact_policies
+        for model in (exact_policies or {}).values():
+            if model is not None:  # the same logprob head TRL gives the policy, at the same temperature
+                add_fused_lm_head(model, temperature=self.temperature,
+                                  cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32)
         self.start_metrics: dict = {}
         self.row_report: dict = {}
 
@@ -111,11 +121,12 @@ class RolloutGRPOTrainer(GRPOTrainer):
                 torch.cat([prompt_mask, completion_mask], dim=1), completion_ids.size(1),
                 batch_size=self.args.per_device_train_batch_size,
             )
+            exact = self._exact_logprobs(inputs, prompt_ids, prompt_mask, completion_ids, completion_mask, proximal)
         t = self.train_config
         # Left-out rows get their true weights too, for data/weights; the loss mask silences them.
         ratio = objective.raw_importance_ratio(proximal, sampler, policy_mask, t.is_mode)
         weights = objective.importance_weights(ratio, t.is_mode, t.is_cap, t.is_floor)
-        self._record_start(inputs, proximal, sampler, ratio, weights, loss_mask, t.is_mode)
+        self._record_start(inputs, proximal, sampler, exact, ratio, weights, loss_mask, t.is_mode)
         batch = {
             "prompt_ids": prompt_ids,
             "prompt_mask": prompt_mask,
@@ -132,11 +143,28 @@ class RolloutGRPOTrainer(GRPOTrainer):
             batch["ref_per_token_logps"] = padded("ref_logprobs", 0.0, "right", torch.float32)
         return batch
 
-    def _record_start(self, inputs, proximal, sampler, ratio, weights, loss_mask, mode):
+    def _exact_logprobs(self, inputs, prompt_ids, prompt_mask, completion_ids, completion_mask, proximal):
+        """Each row's logprobs under the exact checkpoint of the version that sampled it (its sampler's weights
+        before quantization), or None without them. Rows sampled by the trainer's own version reuse `proximal`."""
+        if self.exact_policies is None:
+            return None
+        exact = proximal.clone()
+        versions = [row["policy_version"] for row in inputs]
+        for version, model in self.exact_policies.items():
+            rows = [i for i, v in enumerate(versions) if v == version]
+            if model is None or not rows:
+                continue
+            logps, _, _ = self._get_per_token_logps_and_entropies(
+                model.to(self.accelerator.device), torch.cat([prompt_ids[rows], completion_ids[rows]], dim=1),
+                torch.cat([prompt_mask[rows], completion_mask[rows]], dim=1), completion_ids.size(1),
+                batch_size=self.args.per_device_train_batch_size)
+            exact[rows] = logps
+        self.exact_policies = None  # used once per batch: the copies are freed before the first step
+        return exact
+
+    def _record_start(self, inputs, proximal, sampler, exact, ratio, weights, loss_mask, mode):
         """What the batch looked like before any update: the sampler-vs-trainer gap and the IS weights."""
         units = loss_mask if ratio.size(1) > 1 else loss_mask.amax(-1, keepdim=True)
-        # KL(sampler || trainer) from the sampler's own tokens; k3 is >= 0, the clamp only removes float round-off.
-        gap = objective.kl_to_reference(sampler, proximal, "k3").clamp(min=0.0)
         changed = torch.zeros_like(ratio) if mode == "none" else (weights != ratio).float()
         lengths = [len(row["completion_ids"]) for row in inputs]
         weighted = [[w if m else None for w, m in zip(values[:n].tolist(), row["completion_mask"], strict=True)]
@@ -150,10 +178,13 @@ class RolloutGRPOTrainer(GRPOTrainer):
         # On several processes each holds a share of the rows: the metrics describe all of them. Padding is
         # masked out, so it changes no mean or maximum.
         acc = self.accelerator
-        gap, loss_mask, weights, ratio, changed, units = (
-            acc.gather(acc.pad_across_processes(t, dim=1)) for t in (gap, loss_mask, weights, ratio, changed, units))
+        proximal, sampler, loss_mask, weights, ratio, changed, units = (
+            acc.gather(acc.pad_across_processes(t, dim=1))
+            for t in (proximal, sampler, loss_mask, weights, ratio, changed, units))
+        if exact is not None:
+            exact = acc.gather(acc.pad_across_processes(exact, dim=1))
         self.start_metrics = {
-            "sampler_kl": objective.masked_mean(gap, loss_mask),
+            **mismatch.batch_metrics(proximal, sampler, ratio, weights, loss_mask, units, exact),
             "is_weight_mean": objective.masked_mean(weights, units),
             "is_weight_max": (weights * units).max().item(),
             "is_ratio_max": (ratio * units).max().item(),
@@ -202,6 +233,23 @@ class RolloutGRPOTrainer(GRPOTrainer):
         return terms.loss if t.loss_type == "dapo" else terms.loss / accumulation
 
 
+def exact_policies(table, parent: dict, checkpoints: Path) -> tuple[dict | None, list[str]]:
+    """The exact weights of every version that sampled `table`, for the sampler-gap split: the trainer's own for
+    the parent's version (None), else checkpoints/VERSION when its content hash is the one the rows name.
+    Returns (None, missing versions) when some are not here (a rented host holds only the parent)."""
+    models, missing = {}, []
+    for version, digest in sorted(set(zip(table["policy_version"].to_pylist(), table["policy_hash"].to_pylist(),
+                                          strict=True))):
+        path = checkpoints / version
+        if version == parent["policy_version"]:
+            models[version] = None
+        elif (path / "burstrl.json").is_file() and read_metadata(path)["content_hash"] == digest:
+            models[version] = AutoModelForCausalLM.from_pretrained(path).eval()
+        else:
+            missing.append(version)
+    return (None if missing else models), missing
+
+
 def grpo_config(*, output_dir: str, rollouts: int, train: TrainConfig, temperature: float,
                 max_completion_length: int, num_generations: int, seed: int, processes: int = 1) -> GRPOConfig:
     """TRL's config for one rollout file: `processes` ranks each take train.batch_size / processes rows a step."""
@@ -224,7 +272,8 @@ def grpo_config(*, output_dir: str, rollouts: int, train: TrainConfig, temperatu
         epsilon_high=train.epsilon_high,
         max_grad_norm=train.max_grad_norm,
         seed=seed,
-        bf16=train.bf16,
+        bf16=train.precision == "bf16",
+        fp16=train.precision == "fp16",
         use_cpu=train.device == "cpu",
         remove_unused_columns=False,
         logging_steps=1,
