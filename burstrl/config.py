@@ -182,6 +182,26 @@ class ScoreConfig:
 
 
 @dataclass
+class WatchConfig:
+    """The reward-hacking watch (burstrl.rl.watch, docs/reward-hacking.md): score measures, the report warns."""
+    verifier: str = "burstrl.rl.rewards.exact_match"
+    """Reward function that checks the task itself (held-out accuracy's check), run on every train rollout."""
+    top_k: int = 5
+    """Best-paid rollouts the verifier fails that score lists in metrics/watch/N.json and the report shows."""
+    min_verifier_correlation: float = 0.3
+    """Warn when the correlation of rollouts' total reward with passing the verifier falls below this."""
+    max_length_correlation: float = 0.8
+    """Warn when the correlation of total reward with completion length exceeds this (a task whose right answers
+    are the long ones may need it higher)."""
+    max_disagreement: float = 1.0
+    """Warn when 1 - the lowest correlation between two reward functions exceeds this (1: unrelated)."""
+    max_divergence: float = 0.5
+    """Warn when the train reward's relative gain since the first iteration exceeds held-out accuracy's by this."""
+    max_length_drift: float = 1.0
+    """Warn when the mean completion length changed by more than this share since the first iteration."""
+
+
+@dataclass
 class TrainConfig:
     learning_rate: float = 1e-4
     """AdamW learning rate."""
@@ -389,6 +409,7 @@ class Config:
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     score: ScoreConfig = field(default_factory=ScoreConfig)
+    watch: WatchConfig = field(default_factory=WatchConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
@@ -460,6 +481,7 @@ def load_config(path: Path | str = "params.yaml") -> Config:
     need("burstrl.rl.rewards.judge" not in cfg.score.reward_funcs or bool(cfg.score.judge.model and sv.reward),
          "score.reward_funcs has burstrl.rl.rewards.judge: it needs score.judge.model and servers.reward (the "
          "judge's served name and endpoints)", score__judge__model=cfg.score.judge.model, servers__reward=sv.reward)
+    need(cfg.watch.top_k >= 0, "watch.top_k must be >= 0", watch__top_k=cfg.watch.top_k)
     need(sv.concurrency >= 1, "servers.concurrency must be >= 1", servers__concurrency=sv.concurrency)
     need(sv.request_timeout_seconds > 0, "servers.request_timeout_seconds must be > 0",
          servers__request_timeout_seconds=sv.request_timeout_seconds)

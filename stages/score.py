@@ -7,7 +7,9 @@ pass runs in shards of resume.shard_prompts groups' rows; a killed run keeps its
 servers.reference set it runs on those vLLM servers (burstrl.inference.client), which must serve checkpoints/000.
 For episodes (docs/environments.md) the reward functions get the episode's messages and its counts, and the
 reference scores every token, the KL term later using only the policy's. Rewards are recomputed on every run:
-rule-based verifiers take milliseconds, a served judge (score.judge, servers.reward) seconds.
+rule-based verifiers take milliseconds, a served judge (score.judge, servers.reward) seconds. The task's
+verifier (watch.verifier) runs too, for the reward-hacking watch: its agreement with the rewards goes into the
+metrics, and the best-paid rollouts it fails into metrics/watch/ITER.json (docs/reward-hacking.md).
 """
 
 from contextlib import ExitStack
@@ -25,6 +27,7 @@ from burstrl.inference import client, engine
 from burstrl.inference.judge import Judge
 from burstrl.pipeline.resume import Shards, WorkDir
 from burstrl.pipeline.stage import finish, parse, stage
+from burstrl.rl import watch
 from burstrl.rl.advantages import group_advantages, zero_variance_groups
 from burstrl.rl.rewards import score_table
 
@@ -50,6 +53,10 @@ if __name__ == "__main__":
                 extra["judge"] = Judge(judge_pool, s.judge)
             per_function, rewards = score_table(s.reward_funcs, s.reward_weights, source, rollouts, task_columns,
                                                 conversational=s.completion_format == "conversational", extra=extra)
+            w = cfg.watch
+            verified = (per_function[s.reward_funcs.index(w.verifier)] if w.verifier in s.reward_funcs else
+                        score_table([w.verifier], [1.0], source, rollouts, task_columns,
+                                    conversational=s.completion_format == "conversational", extra=extra)[0][0])
         groups = rollouts["prompt_id"].to_pylist()
         advantages = group_advantages(rewards, groups, baseline=s.advantage_baseline, scale=s.scale_rewards)
 
@@ -101,6 +108,15 @@ if __name__ == "__main__":
                         "reference_logprobs": bool(cfg.train.beta), "shards_resumed": shards_resumed,
                         **({"servers": reference_pool.stats()} if reference_pool else {}),
                         **({"judge_servers": judge_pool.stats()} if judge_pool else {})})
+        shown = ["prompt_id", "sample_index", "prompt", "completion", *task_columns]
+        suspects = watch.suspects(rollouts.select(shown).to_pylist(), rewards, verified, cfg.watch.top_k)
+        applies = [v for v in verified if v is not None]
+        metrics.update({"verified_rate": sum(applies) / len(applies) if applies else None,
+                        "verifier_correlation": watch.verifier_correlation(rewards, verified),
+                        "length_correlation": watch.length_correlation(
+                            rewards, [sum(m) for m in rollouts["completion_mask"].to_pylist()]),
+                        "reward_disagreement": watch.disagreement(per_function), "suspects": len(suspects)})
+    write_json(Path(f"metrics/watch/{args.iteration}.json"), {"verifier": cfg.watch.verifier, "suspects": suspects})
     write_json(Path(f"metrics/score/{args.iteration}.json"), metrics)
     if work is not None:
         work.finish()

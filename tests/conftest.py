@@ -148,6 +148,11 @@ def scored(bootstrapped, tmp_path_factory) -> Workspace:
     return shared(tmp_path_factory, "scored", score)
 
 
+def with_tests_on_path(env: dict) -> dict:
+    """`env` with tests/ on PYTHONPATH, so params can name the test modules' reward functions."""
+    return {**env, "PYTHONPATH": f"{REPO / 'tests'}{os.pathsep}{env.get('PYTHONPATH', '')}"}
+
+
 def clone(base: Workspace, dest: Path, params: dict | None = None) -> dict:
     """A copy of a shared workspace at `dest` with `params` merged over its params.yaml; returns the environment
     its stages run with. Stages the params do not touch are up to date in the copy."""

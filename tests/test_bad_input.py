@@ -4,7 +4,6 @@ workspace, runs the stage on it, and compares every file under data/, checkpoint
 with what they held before."""
 
 import hashlib
-import os
 import socket
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import clone, run
+from conftest import clone, run, with_tests_on_path
 
 pytestmark = pytest.mark.slow
 TESTS = Path(__file__).parent
@@ -23,7 +22,7 @@ TESTS = Path(__file__).parent
 def ws(scored, tmp_path_factory):
     root = tmp_path_factory.mktemp("bad") / "ws"
     env = clone(scored, root)
-    return root, {**env, "PYTHONPATH": f"{TESTS}{os.pathsep}{env.get('PYTHONPATH', '')}"}
+    return root, with_tests_on_path(env)
 
 
 def snapshot(root: Path) -> dict[str, str]:

@@ -78,7 +78,20 @@ def session_table(sessions: list[dict]) -> str:
     return table(sessions, list(sessions[0]), "sessions")
 
 
-def render(rows: list[dict], summary: dict, params: dict, sessions: list[dict] = ()) -> str:
+def watch_section(warnings: list[str], suspects: dict | None) -> str:
+    """The reward-hacking watch: each threshold crossed, and the last scored iteration's best-paid failures."""
+    lines = "".join(f'<p class="warning">{html.escape(w)}</p>' for w in warnings) or "<p>No threshold crossed.</p>"
+    if not suspects or not suspects["suspects"]:
+        return lines
+    keys = list(suspects["suspects"][0])
+    head = "".join(f"<th>{html.escape(k)}</th>" for k in keys)
+    body = "".join("<tr>" + "".join(f"<td>{_fmt(r[k])}</td>"
+                                    for k in keys) + "</tr>" for r in suspects["suspects"])
+    return (f"{lines}<p>Iteration {suspects['iteration']}: the best-paid rollouts that fail "
+            f"{html.escape(suspects['verifier'])}</p><table class=\"suspects\"><tr>{head}</tr>{body}</table>")
+
+
+def render(rows: list[dict], summary: dict, params: dict, sessions: list[dict] = (), watch: str = "") -> str:
     episodes = [c for c in EPISODE_CHARTS if any(r.get(k) is not None for r in rows for k in c[1])]
     charts = "\n".join(line_chart(title, rows, keys) for title, keys in CHARTS + episodes)
     facts = "".join(f"<tr><th>{html.escape(k)}</th><td>{_fmt(v)}</td></tr>" for k, v in summary.items())
@@ -91,12 +104,15 @@ body {{ font-family: sans-serif; margin: 24px; color: #222; }}
 table {{ border-collapse: collapse; margin: 12px 0; font-size: 13px; }}
 td, th {{ border: 1px solid #ddd; padding: 3px 8px; text-align: right; }}
 pre {{ background: #f6f6f6; padding: 12px; font-size: 12px; }}
+.warning {{ color: #a40000; font-weight: bold; }}
 </style></head><body>
 <h1>burstrl run report</h1>
 <table class="summary">{facts}</table>
 <div class="charts">
 {charts}
 </div>
+<h2>Reward-hacking watch</h2>
+{watch}
 <h2>Per iteration</h2>
 {table(rows, TABLE, "history")}
 <h2>Rented sessions (seconds)</h2>

@@ -68,6 +68,8 @@ def collect(metrics_dir: Path, sync_dir: Path, cost: CostConfig, iterations: lis
             "reward_mean": score.get("reward_mean"),
             **{k: v for k, v in score.items() if k.startswith("reward/")},
             "heldout_accuracy": m["eval"].get("heldout_accuracy"),
+            **{k: score.get(k) for k in ("verified_rate", "verifier_correlation", "length_correlation",
+                                          "reward_disagreement")},
             "kl_ref": train.get("kl"),
             "sampler_kl": train.get("sampler_kl"),
             **{k: train.get(k) for k in ("quantization_kl", "staleness_kl", "chi2", "is_ess")},
@@ -90,6 +92,15 @@ def collect(metrics_dir: Path, sync_dir: Path, cost: CostConfig, iterations: lis
     # Every row gets every key (None where a stage has not run): DVC plots ignore a file whose rows differ.
     keys = list(dict.fromkeys(k for row in rows for k in row))
     return [{k: _finite(row.get(k)) for k in keys} for row in rows]
+
+
+def latest_suspects(metrics_dir: Path, iterations: list[str]) -> dict | None:
+    """The newest listed iteration's reward-hacking suspects (metrics/watch/N.json), with its iteration."""
+    for version in sorted(iterations, key=int, reverse=True):
+        path = metrics_dir / "watch" / f"{version}.json"
+        if path.is_file():
+            return {"iteration": version, **json.loads(path.read_text())}
+    return None
 
 
 SESSION_SPLITS = {"rented": ("setup", "training", "syncing", "waiting_for_home", "teardown"),

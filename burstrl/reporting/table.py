@@ -3,7 +3,8 @@
 One row for the bootstrap policy and each iteration: mean reward of its rollouts, greedy held-out accuracy
 of the policy it produced, KL to the reference during training, KL from the sampler to the trainer when
 training began (the stale/quantized-sampler gap), mean completion length, seconds per stage and cost.
-Missing cells are stages that have not run yet. The report stage draws the same history as charts.
+Missing cells are stages that have not run yet. The report stage draws the same history as charts. Below
+the table, one WARNING line per threshold of the reward-hacking watch crossed (docs/reward-hacking.md).
 """
 
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 from burstrl.config import load_config
 from burstrl.pipeline import iterations
 from burstrl.reporting.history import collect
+from burstrl.rl.watch import warnings
 
 COLUMNS = [
     ("iter", "iteration", "{:03d}"),
@@ -36,4 +38,7 @@ def render(rows: list[dict]) -> str:
 
 if __name__ == "__main__":
     cfg = load_config()
-    print(render(collect(Path("metrics"), Path("data/sync"), cfg.cost, list(iterations.load()))))
+    rows = collect(Path("metrics"), Path("data/sync"), cfg.cost, list(iterations.load()))
+    print(render(rows))
+    for line in warnings(rows, cfg.watch):
+        print(f"WARNING {line}")
