@@ -179,6 +179,11 @@ class ScoreConfig:
     """Divide centred rewards by the group's std ("group", GRPO), the batch's ("batch") or not ("none", Dr. GRPO)."""
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     """A model served with vLLM as a reward function (burstrl.rl.rewards.judge), beside rule-based verifiers."""
+    zero_variance: str = "keep"
+    """Groups whose G rewards are all equal: "keep" them (advantage 0), or "resample" them with the rollouts'
+    sampler and fresh seeds so the update never pays for zero-advantage groups (burstrl.rl.resample)."""
+    resample_rounds: int = 2
+    """With resample: how many times a group is drawn again at most before it is kept as it is."""
 
 
 @dataclass
@@ -445,6 +450,7 @@ def load_config(path: Path | str = "params.yaml") -> Config:
         "score.completion_format": (cfg.score.completion_format, ("standard", "conversational")),
         "score.advantage_baseline": (cfg.score.advantage_baseline, BASELINES),
         "score.scale_rewards": (cfg.score.scale_rewards, SCALES),
+        "score.zero_variance": (cfg.score.zero_variance, ("keep", "resample")),
         "train.kl_estimator": (t.kl_estimator, KL_ESTIMATORS),
         "train.loss_type": (t.loss_type, LOSS_TYPES),
         "train.is_mode": (t.is_mode, IS_MODES),
@@ -481,6 +487,8 @@ def load_config(path: Path | str = "params.yaml") -> Config:
     need("burstrl.rl.rewards.judge" not in cfg.score.reward_funcs or bool(cfg.score.judge.model and sv.reward),
          "score.reward_funcs has burstrl.rl.rewards.judge: it needs score.judge.model and servers.reward (the "
          "judge's served name and endpoints)", score__judge__model=cfg.score.judge.model, servers__reward=sv.reward)
+    need(cfg.score.resample_rounds >= 1, "score.resample_rounds must be >= 1",
+         score__resample_rounds=cfg.score.resample_rounds)
     need(cfg.watch.top_k >= 0, "watch.top_k must be >= 0", watch__top_k=cfg.watch.top_k)
     need(sv.concurrency >= 1, "servers.concurrency must be >= 1", servers__concurrency=sv.concurrency)
     need(sv.request_timeout_seconds > 0, "servers.request_timeout_seconds must be > 0",

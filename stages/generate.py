@@ -24,42 +24,11 @@ from burstrl.data.task import check_fits, draw_prompts
 from burstrl.env import environment
 from burstrl.env.chat import check_episode_tokens
 from burstrl.env.environment import episode_metrics
-from burstrl.env.episodes import Episode
+from burstrl.env.rollouts import sample_rollouts
 from burstrl.errors import ConfigError
 from burstrl.inference import client, engine
 from burstrl.pipeline.resume import Shards, WorkDir
 from burstrl.pipeline.stage import finish, parse, stage
-
-
-def completion_columns(s, tokenizer) -> dict:
-    """A sample's columns: a single completion (engine.Sample) is one policy turn; an episode brings its own."""
-    if isinstance(s, Episode):
-        return {"prompt_ids": s.prompt_ids, "completion": tokenizer.decode(s.completion_ids, skip_special_tokens=True),
-                "completion_ids": s.completion_ids, "completion_mask": s.completion_mask,
-                "sampler_logprobs": s.logprobs, "finish_reason": s.finish_reason, "num_turns": s.num_turns,
-                "tool_calls": s.tool_calls, "tool_errors": s.tool_errors, "completion_messages": s.transcript,
-                "env_reward": s.env_reward}
-    return {"completion": s.text, "completion_ids": s.completion_ids, "completion_mask": [1] * len(s.completion_ids),
-            "sampler_logprobs": s.logprobs, "finish_reason": s.finish_reason, "num_turns": 1, "tool_calls": 0,
-            "tool_errors": 0, "completion_messages": None, "env_reward": None}
-
-
-def rollout_table(prompts: pa.Table, prompt_ids, seeds, groups, stamp: dict, tokenizer) -> pa.Table:
-    """One row per completion of `groups` (the samples or episodes of each prompt), with the sampler's `stamp`."""
-    rows = [(i, k, s) for i, group in enumerate(groups) for k, s in enumerate(group)]
-    take = [i for i, _, _ in rows]
-    columns = [{"prompt_ids": prompt_ids[i], **completion_columns(s, tokenizer)} for i, _, s in rows]
-    table = pa.table({
-        "sample_index": pa.array([k for _, k, _ in rows], pa.int32()),
-        **{name: [c[name] for c in columns] for name in columns[0]},
-        **{name: [value] * len(rows) for name, value in stamp.items()},
-        "seed": [seeds[i] for i in take],
-    })
-    task_columns = prompts.take(take)
-    for name in task_columns.column_names:
-        table = table.append_column(name, task_columns[name])
-    return table
-
 
 if __name__ == "__main__":
     args, cfg = parse(__doc__, "iteration", "parent", "--weights")
@@ -110,16 +79,10 @@ if __name__ == "__main__":
 
             def sample(sampler, lo: int, hi: int) -> pa.Table:
                 started = time.monotonic()
-                if sandbox:
-                    groups = environment.play(sampler, tokenizer, sandbox, prompts.slice(lo, hi - lo), seeds[lo:hi],
-                                              g, cfg.env.max_turns, cfg.model.max_len)
-                else:
-                    groups = sampler.sample(prompt_ids[lo:hi], seeds[lo:hi], n=g.num_generations,
-                                            temperature=g.temperature, top_p=g.top_p, max_tokens=g.max_tokens,
-                                            min_tokens=g.min_tokens)
+                table = sample_rollouts(sampler, cfg, prompts.slice(lo, hi - lo), prompt_ids[lo:hi], seeds[lo:hi],
+                                        stamp, tokenizer, sandbox)
                 timing["generation_seconds"] += time.monotonic() - started
-                return rollout_table(prompts.slice(lo, hi - lo), prompt_ids[lo:hi], seeds[lo:hi], groups, stamp,
-                                     tokenizer)
+                return table
 
             rollouts = shards.fill(sample, start_engine, "generate_shard")
         write_table(rollouts, ROLLOUT_FIELDS, out)

@@ -9,9 +9,12 @@ For episodes (docs/environments.md) the reward functions get the episode's messa
 reference scores every token, the KL term later using only the policy's. Rewards are recomputed on every run:
 rule-based verifiers take milliseconds, a served judge (score.judge, servers.reward) seconds. The task's
 verifier (watch.verifier) runs too, for the reward-hacking watch: its agreement with the rewards goes into the
-metrics, and the best-paid rollouts it fails into metrics/watch/ITER.json (docs/reward-hacking.md).
+metrics, and the best-paid rollouts it fails into metrics/watch/ITER.json (docs/reward-hacking.md). With
+score.zero_variance resample, groups whose rewards are all equal are drawn again by the rollouts' sampler
+(burstrl.rl.resample) before the reference pass.
 """
 
+import hashlib
 from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
@@ -23,12 +26,14 @@ from burstrl.atomic import write_json
 from burstrl.data.contract import ROLLOUT_FIELDS, SCORED_FIELDS, check_tokens, read_rollouts, write_table
 from burstrl.data.policy import file_sha256, policy_name, read_metadata
 from burstrl.env.chat import check_episode_tokens
+from burstrl.env.rollouts import redraw
 from burstrl.inference import client, engine
 from burstrl.inference.judge import Judge
 from burstrl.pipeline.resume import Shards, WorkDir
 from burstrl.pipeline.stage import finish, parse, stage
 from burstrl.rl import watch
 from burstrl.rl.advantages import group_advantages, zero_variance_groups
+from burstrl.rl.resample import resample
 from burstrl.rl.rewards import score_table
 
 REFERENCE = Path("checkpoints/000")
@@ -51,8 +56,20 @@ if __name__ == "__main__":
                 judge_pool = stack.enter_context(client.connected(cfg.servers.reward, s.judge.model, cfg.servers,
                                                                    "reward"))
                 extra["judge"] = Judge(judge_pool, s.judge)
-            per_function, rewards = score_table(s.reward_funcs, s.reward_weights, source, rollouts, task_columns,
-                                                conversational=s.completion_format == "conversational", extra=extra)
+
+            def rewards_of(table):
+                return score_table(s.reward_funcs, s.reward_weights, source, table, task_columns,
+                                   conversational=s.completion_format == "conversational", extra=extra)
+
+            per_function, rewards = rewards_of(rollouts)
+            flat = len(zero_variance_groups(rewards, rollouts["prompt_id"].to_pylist()))
+            resampled = {}
+            if s.zero_variance == "resample" and flat:
+                with ExitStack() as sampling:  # closed before the reference pass starts its own engine
+                    done = resample(rollouts, rewards, s.resample_rounds,
+                                    draw=redraw(sampling, source, rollouts, cfg), score=lambda t: rewards_of(t)[1])
+                rollouts, resampled = done.table, done.counts
+                per_function, rewards = rewards_of(rollouts)
             w = cfg.watch
             verified = (per_function[s.reward_funcs.index(w.verifier)] if w.verifier in s.reward_funcs else
                         score_table([w.verifier], [1.0], source, rollouts, task_columns,
@@ -67,6 +84,8 @@ if __name__ == "__main__":
             check_tokens(source, rollouts, REFERENCE, reference)
             work = WorkDir("score", args.iteration, {
                 "rollouts": file_sha256(source), "reference": reference["content_hash"], "seed": cfg.seed,
+                # Resampled groups change the rows the reference scores: their seeds name them.
+                "seeds": hashlib.sha256(str(rollouts["seed"].to_pylist()).encode()).hexdigest(),
                 "max_len": cfg.model.max_len, "inference": asdict(cfg.inference),
                 "shard_prompts": cfg.resume.shard_prompts,
             })
@@ -104,7 +123,8 @@ if __name__ == "__main__":
             present = [v for v in values if v is not None]
             metrics[f"reward/{name}"] = sum(present) / max(1, len(present))
         metrics.update({"reward_mean": sum(rewards) / len(rewards), "rollouts": len(rewards),
-                        "groups": len(set(groups)), "groups_zero_variance": len(zero_variance_groups(rewards, groups)),
+                        "groups": len(set(groups)), "groups_zero_variance_sampled": flat,
+                        "groups_zero_variance": len(zero_variance_groups(rewards, groups)), **resampled,
                         "reference_logprobs": bool(cfg.train.beta), "shards_resumed": shards_resumed,
                         **({"servers": reference_pool.stats()} if reference_pool else {}),
                         **({"judge_servers": judge_pool.stats()} if judge_pool else {})})

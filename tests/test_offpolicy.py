@@ -63,6 +63,14 @@ def test_mismatched_sampler_is_measured_and_corrected(bootstrapped, tmp_path):
     env = clone(bootstrapped, root, PARAMS)
     perturbed_copy(root / "checkpoints/000", root / "build/perturbed")
     run(["python", "stages/generate.py", "001", "000", "--weights", "build/perturbed"], root, env)
+    # Score cannot draw again with weights only generate's --weights ran: resampling is refused, by name.
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["score"]["zero_variance"] = "resample"
+    (root / "resample.yaml").write_text(yaml.safe_dump(params))
+    refused = run(["python", "stages/score.py", "001", "--params", "resample.yaml"], root, env, check=False)
+    assert refused.returncode == 1 and (f"score.zero_variance resample: data/rollouts/001.parquet was sampled by "
+                                        f"perturbed-{NOISE}, which score cannot run offline") in refused.stderr
+    assert not (root / "data/scored/001.parquet").exists()
     run(["python", "stages/score.py", "001"], root, env)
     out = run(["python", "stages/train.py", "001", "000"], root, env).stdout
 
