@@ -68,8 +68,9 @@ if __name__ == "__main__":
                 with ExitStack() as sampling:  # closed before the reference pass starts its own engine
                     done = resample(rollouts, rewards, s.resample_rounds,
                                     draw=redraw(sampling, source, rollouts, cfg), score=lambda t: rewards_of(t)[1])
+                if done.table is not rollouts:  # some group was replaced: its new rows need their rewards
+                    per_function, rewards = rewards_of(done.table)
                 rollouts, resampled = done.table, done.counts
-                per_function, rewards = rewards_of(rollouts)
             w = cfg.watch
             verified = (per_function[s.reward_funcs.index(w.verifier)] if w.verifier in s.reward_funcs else
                         score_table([w.verifier], [1.0], source, rollouts, task_columns,

@@ -69,6 +69,7 @@ def test_score_resamples_zero_variance_groups_and_loses_no_row(scored, tmp_path)
 
     flat = [pid for pid, group in before.items() if len(set(total(group))) == 1]
     replaced = [pid for pid in flat if after[pid][0]["seed"] != before[pid][0]["seed"]]
+    assert replaced, "the scored iteration's flat groups gain variance when drawn again; none was replaced"
     for pid, group in after.items():
         if pid in replaced:
             rounds = (group[0]["seed"] - before[pid][0]["seed"]) // RESEED

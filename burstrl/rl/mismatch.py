@@ -14,7 +14,7 @@ Pure functions over padded (B, T) tensors and masks, so tests pin them with hand
 
 import torch
 
-from burstrl.rl.objective import MAX_LOG_RATIO, kl_to_reference, masked_mean
+from burstrl.rl.objective import kl_to_reference, masked_mean, raw_importance_ratio
 
 
 def effective_sample_size(weights: torch.Tensor, units: torch.Tensor) -> float:
@@ -50,7 +50,7 @@ def batch_metrics(proximal, sampler, ratio, weights, mask, units, exact=None) ->
     """Every mismatch metric of one batch: `ratio` is the raw token (or sequence) ratio, `weights` what the loss
     used, `mask` the tokens the loss counts, `units` the mask at the ratio's shape; `exact` may be None (no
     split)."""
-    token_ratio = torch.exp((proximal - sampler).clamp(max=MAX_LOG_RATIO))
+    token_ratio = raw_importance_ratio(proximal, sampler, mask, "token_truncate")
     metrics = {
         "sampler_kl": gap_kl(sampler, proximal, mask),
         "log_ratio_abs_mean": mean_abs_log_ratio(proximal, sampler, mask),

@@ -53,42 +53,37 @@ def disagreement(per_function: list[list[float | None]]) -> float | None:
 
 
 def suspects(rows: list[dict], rewards: list[float], verified: list[float | None], k: int) -> list[dict]:
-    """The k best-paid rollouts the verifier fails (ties in table order), with the reward they got."""
-    failing = [i for i, v in enumerate(verified) if v is not None and v < 1]
+    """The k best-paid rollouts the verifier fails (ties in table order), with the reward they got; a failure paid
+    only the batch's lowest reward is no sign of hacking and is left out."""
+    lowest = min(rewards)
+    failing = [i for i, v in enumerate(verified) if v is not None and v < 1 and rewards[i] > lowest]
     failing.sort(key=lambda i: -rewards[i])
-    return [{**rows[i], "reward": rewards[i]} for i in failing[:k] if rewards[i] > min(rewards)]
+    return [{**rows[i], "reward": rewards[i]} for i in failing[:k]]
 
 
-def _trend(rows: list[dict], key: str) -> tuple[dict, dict] | None:
-    """The first and last iteration rows (000 excluded) that have `key`, if two differ."""
-    have = [r for r in rows if r["iteration"] > 0 and r.get(key) is not None]
-    return (have[0], have[-1]) if len(have) >= 2 else None
-
-
-def _relative(first: float, last: float) -> float | None:
-    return None if first == 0 else last / first - 1
+def _trend(rows: list[dict], *keys: str) -> tuple[int, list[float | None]] | None:
+    """(last iteration, relative change of each key) from the first to the last iteration row (000 excluded)
+    that has every key; None with fewer than two such rows."""
+    have = [r for r in rows if r["iteration"] > 0 and all(r.get(k) is not None for k in keys)]
+    if len(have) < 2:
+        return None
+    first, last = have[0], have[-1]
+    return last["iteration"], [None if first[k] == 0 else last[k] / first[k] - 1 for k in keys]
 
 
 def divergence(rows: list[dict]) -> tuple[int, float] | None:
     """(iteration, relative train-reward gain - relative held-out accuracy gain) since the first iteration."""
-    have = [r for r in rows if r["iteration"] > 0 and r.get("reward_mean") is not None
-            and r.get("heldout_accuracy") is not None]
-    if len(have) < 2:
+    trend = _trend(rows, "reward_mean", "heldout_accuracy")
+    if trend is None or None in trend[1]:
         return None
-    first, last = have[0], have[-1]
-    reward, accuracy = (_relative(first[k], last[k]) for k in ("reward_mean", "heldout_accuracy"))
-    if reward is None or accuracy is None:
-        return None
-    return last["iteration"], reward - accuracy
+    reward, accuracy = trend[1]
+    return trend[0], reward - accuracy
 
 
 def length_drift(rows: list[dict]) -> tuple[int, float] | None:
     """(iteration, relative change of the mean completion length since the first iteration)."""
-    ends = _trend(rows, "completion_length")
-    if ends is None:
-        return None
-    drift = _relative(ends[0]["completion_length"], ends[1]["completion_length"])
-    return None if drift is None else (ends[1]["iteration"], drift)
+    trend = _trend(rows, "completion_length")
+    return None if trend is None or trend[1][0] is None else (trend[0], trend[1][0])
 
 
 def warnings(rows: list[dict], watch: WatchConfig) -> list[str]:

@@ -47,13 +47,10 @@ class RolloutGRPOTrainer(GRPOTrainer):
         self.beta = train.beta
         self.train_config = train
         self.work = work
-        # policy_version -> the checkpoint that version sampled from (None: the trainer's own weights), for the
-        # split of the sampler gap; None when some version's checkpoint is not here.
+        # policy_version -> the checkpoint directory that version sampled from (None: the trainer's own weights),
+        # for the split of the sampler gap; None when some version's checkpoint is not here. Loaded only when the
+        # batch is prepared, so a resumed run that reloads its saved batch never loads them.
         self.exact_policies = exact_policies
-        for model in (exact_policies or {}).values():
-            if model is not None:  # the same logprob head TRL gives the policy, at the same temperature
-                add_fused_lm_head(model, temperature=self.temperature,
-                                  cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32)
         self.start_metrics: dict = {}
         self.row_report: dict = {}
 
@@ -150,16 +147,18 @@ class RolloutGRPOTrainer(GRPOTrainer):
             return None
         exact = proximal.clone()
         versions = [row["policy_version"] for row in inputs]
-        for version, model in self.exact_policies.items():
+        for version, path in self.exact_policies.items():
             rows = [i for i, v in enumerate(versions) if v == version]
-            if model is None or not rows:
+            if path is None or not rows:
                 continue
+            model = AutoModelForCausalLM.from_pretrained(path).eval().to(self.accelerator.device)
+            # The same logprob head TRL gives the policy, at the same temperature.
+            add_fused_lm_head(model, temperature=self.temperature, cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32)
             logps, _, _ = self._get_per_token_logps_and_entropies(
-                model.to(self.accelerator.device), torch.cat([prompt_ids[rows], completion_ids[rows]], dim=1),
+                model, torch.cat([prompt_ids[rows], completion_ids[rows]], dim=1),
                 torch.cat([prompt_mask[rows], completion_mask[rows]], dim=1), completion_ids.size(1),
                 batch_size=self.args.per_device_train_batch_size)
             exact[rows] = logps
-        self.exact_policies = None  # used once per batch: the copies are freed before the first step
         return exact
 
     def _record_start(self, inputs, proximal, sampler, exact, ratio, weights, loss_mask, mode):
@@ -233,9 +232,9 @@ class RolloutGRPOTrainer(GRPOTrainer):
         return terms.loss if t.loss_type == "dapo" else terms.loss / accumulation
 
 
-def exact_policies(table, parent: dict, checkpoints: Path) -> tuple[dict | None, list[str]]:
-    """The exact weights of every version that sampled `table`, for the sampler-gap split: the trainer's own for
-    the parent's version (None), else checkpoints/VERSION when its content hash is the one the rows name.
+def exact_policies(table, parent: dict, checkpoints: Path) -> tuple[dict[str, Path | None] | None, list[str]]:
+    """Where the exact weights of every version that sampled `table` are, for the sampler-gap split: the trainer's
+    own for the parent's version (None), else checkpoints/VERSION when its content hash is the one the rows name.
     Returns (None, missing versions) when some are not here (a rented host holds only the parent)."""
     models, missing = {}, []
     for version, digest in sorted(set(zip(table["policy_version"].to_pylist(), table["policy_hash"].to_pylist(),
@@ -244,7 +243,7 @@ def exact_policies(table, parent: dict, checkpoints: Path) -> tuple[dict | None,
         if version == parent["policy_version"]:
             models[version] = None
         elif (path / "burstrl.json").is_file() and read_metadata(path)["content_hash"] == digest:
-            models[version] = AutoModelForCausalLM.from_pretrained(path).eval()
+            models[version] = path
         else:
             missing.append(version)
     return (None if missing else models), missing
