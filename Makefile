@@ -12,7 +12,7 @@ EXTRA ?= cpu
 # Checkpoints the sampler of a `make iterate` iteration lags the trainer (docs/objective.md, Staleness).
 LAG ?= 0
 
-.PHONY: setup setup-quantize system browser demo repro iterate report status rent-h200 rent-plan fleet reap bench bench-loop soak lint test test-fast test-durations clean
+.PHONY: setup setup-quantize system browser demo repro iterate report sweep status rent-h200 rent-plan fleet reap bench bench-loop soak lint test test-fast test-durations clean
 
 $(VENV)/.installed-$(EXTRA): pyproject.toml
 	python3 -m venv $(VENV)
@@ -62,6 +62,14 @@ iterate: setup
 
 report:
 	python -m burstrl report
+
+# An ablation (docs/comparing-runs.md, Sweeps): every arm of SWEEP under every seed as a DVC experiment through
+# DVC's queue, JOBS at a time, then the arms compared with 95% intervals over seeds (report/sweep/NAME/).
+SWEEP ?= conf/sweep/kl.yaml
+JOBS ?= 1
+sweep: setup
+	python -m burstrl sweep $(SWEEP) --jobs $(JOBS)
+	python -m burstrl compare $(SWEEP)
 
 # Each iteration's stages: done, partial (an interrupted run's progress) or pending.
 status:

@@ -44,7 +44,8 @@ def floor(policy: Path, scored: Path, cfg: Config) -> dict:
     t = cfg.train
     model = AutoModelForCausalLM.from_pretrained(policy).to(device()).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=t.learning_rate)
-    autocast = torch.autocast(device(), dtype=torch.bfloat16, enabled=t.bf16)
+    autocast = torch.autocast(device(), dtype=torch.float16 if t.precision == "fp16" else torch.bfloat16,
+                              enabled=t.precision != "fp32")
     batches = [tuple(x.to(device()) for x in b) for b in _batches(scored, t.batch_size)] * t.epochs
     tokens = sum(int(ids.numel()) for ids, _, _ in batches)
     started = time.monotonic()
@@ -78,7 +79,8 @@ def colocated_trl(policy: Path, task_file: Path, cfg: Config, steps: int, out: P
         generation_kwargs={"min_new_tokens": g.min_tokens}, temperature=g.temperature, top_p=g.top_p,
         learning_rate=t.learning_rate, lr_scheduler_type="constant", beta=t.beta, loss_type=t.loss_type,
         epsilon=t.epsilon, epsilon_high=t.epsilon_high, max_grad_norm=t.max_grad_norm, max_steps=steps,
-        seed=cfg.seed, bf16=t.bf16, use_cpu=device() == "cpu", logging_steps=1, save_strategy="no",
+        seed=cfg.seed, bf16=t.precision == "bf16", fp16=t.precision == "fp16", use_cpu=device() == "cpu",
+        logging_steps=1, save_strategy="no",
         report_to="none", disable_tqdm=True, reward_weights=cfg.score.reward_weights,
     )
     trainer = GRPOTrainer(model=str(policy), reward_funcs=[resolve(name) for name in cfg.score.reward_funcs],

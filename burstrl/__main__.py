@@ -13,6 +13,8 @@ COMMANDS = {
     "iterations": ("burstrl.pipeline.iterations", "add an iteration to iterations.yaml"),
     "report": ("burstrl.reporting.table", "the per-iteration table"),
     "inspect": ("burstrl.reporting.rollouts", "a few scored rollouts of an iteration, token by token"),
+    "sweep": ("burstrl.pipeline.sweep", "an ablation: every arm of a sweep file under every seed, as DVC experiments"),
+    "compare": ("burstrl.reporting.compare", "a sweep's arms side by side: means and 95% intervals over seeds"),
     "fleet": ("burstrl.remote.fleet", "home keeps the next iterations sampled and scored while nothing is rented"),
     "rent": ("burstrl.remote.rent", "a session of the RL loop on a rented GPU; `rent reap` ends leftover pods"),
 }

@@ -120,6 +120,9 @@ class GenerateConfig:
     """Longest completion in tokens; in an episode, every turn's tokens and the tool results together."""
     min_tokens: int = 0
     """Completions shorter than this cannot end with EOS; benchmarks set it to max_tokens for fixed lengths."""
+    seed: int = 0
+    """Added to the top-level seed for the prompt draws, the sampling seeds and train's: the seeds of a sweep
+    (burstrl.pipeline.sweep) vary it, so every arm shares one task split and bootstrap policy."""
 
 
 @dataclass
@@ -246,6 +249,9 @@ class TrainConfig:
     """Gradient clipping."""
     device: str = "cpu"
     """Where the backward pass runs ("cpu", "cuda")."""
+    entropy_coef: float = 0.0
+    """Entropy bonus: the loss subtracts entropy_coef times each policy token's entropy, aggregated as the
+    surrogate is (0 = none, as in TRL)."""
     precision: str = "fp32"
     """Mixed precision of the update: fp32 (none; CPU), bf16, or fp16 (CUDA only, with loss scaling), which trains
     in the precision of fp16 samplers such as the MI50s and so narrows the sampler gap (docs/objective.md)."""
@@ -472,6 +478,7 @@ def load_config(path: Path | str = "params.yaml") -> Config:
     need(t.max_staleness >= 0, "train.max_staleness must be >= 0", train__max_staleness=t.max_staleness)
     need(0 <= g.min_tokens <= g.max_tokens, "need 0 <= generate.min_tokens <= generate.max_tokens",
          generate__min_tokens=g.min_tokens, generate__max_tokens=g.max_tokens)
+    need(g.seed >= 0, "generate.seed must be >= 0", generate__seed=g.seed)
     need(r.shard_prompts >= 1, "resume.shard_prompts must be >= 1", resume__shard_prompts=r.shard_prompts)
     need(cfg.launch.processes >= 0, "launch.processes must be >= 0 (0: one per visible GPU)",
          launch__processes=cfg.launch.processes)

@@ -44,13 +44,13 @@ if __name__ == "__main__":
         variant = read_variant(weights, meta) if args.weights else "checkpoint"
         tokenizer = AutoTokenizer.from_pretrained(policy)
         task_file = Path("data/task/train.parquet")
-        prompts = draw_prompts(read_task(task_file), g.prompts_per_iteration, seed=cfg.seed,
-                               iteration=int(args.iteration))
+        seed = cfg.seed + g.seed
+        prompts = draw_prompts(read_task(task_file), g.prompts_per_iteration, seed=seed, iteration=int(args.iteration))
         # One seed per prompt: a group, and so a shard, can be regenerated alone and come out the same.
-        seeds = [cfg.seed * 1_000_003 + int(args.iteration) * 100_003 + pid for pid in prompts["prompt_id"].to_pylist()]
+        seeds = [seed * 1_000_003 + int(args.iteration) * 100_003 + pid for pid in prompts["prompt_id"].to_pylist()]
         shard_key = {
             "task": file_sha256(task_file), "policy": meta["content_hash"],
-            "weights": content_hash(weights) if args.weights else meta["content_hash"], "seed": cfg.seed,
+            "weights": content_hash(weights) if args.weights else meta["content_hash"], "seed": seed,
             "max_len": cfg.model.max_len, "inference": asdict(cfg.inference), "generate": asdict(g),
             "shard_prompts": cfg.resume.shard_prompts, "env": asdict(cfg.env),
         }

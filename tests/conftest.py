@@ -9,6 +9,7 @@ from typing import NamedTuple
 import pyarrow as pa
 import pytest
 import torch
+from PIL import Image
 
 from bench import soak
 from bench.watch import watch
@@ -60,6 +61,17 @@ def as_table(rows: list[dict], fields=ROLLOUT_FIELDS) -> pa.Table:
     names = [f.name for f in fields] + ["answer"]
     schema = pa.schema(fields + [pa.field("answer", pa.string())])
     return pa.Table.from_pylist([{k: r[k] for k in names} for r in rows], schema=schema)
+
+
+def screenshot(page: Path, shot: Path) -> list[tuple]:
+    """The RGB pixels of `page` as headless Chromium draws it at 1200x900."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.fail("chromium is not installed: `make browser` (Debian: apt-get install chromium)")
+    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                    f"--screenshot={shot}", "--window-size=1200,900", page.as_uri()],
+                   check=True, capture_output=True, timeout=120)
+    return list(Image.open(shot).convert("RGB").getdata())
 
 
 def run(cmd, cwd, env, check=True):

@@ -46,6 +46,7 @@ def test_params_yaml_loads_into_typed_config(tmp_path):
                                  "train.is_cap=0.5$"),
     ({"launch": {"strategy": "zero3"}}, "launch.strategy is 'zero3', expected one of ddp, fsdp, deepspeed_zero2"),
     ({"launch": {"processes": -1}}, "launch.processes must be >= 0"),
+    ({"generate": {"seed": -1}}, "generate.seed must be >= 0; got generate.seed=-1"),
     ({"generate": {"min_tokens": 6}}, "need 0 <= generate.min_tokens <= generate.max_tokens"),
     ({"rent": {"provider": "aws"}}, "rent.provider is 'aws', expected one of runpod, static"),
     ({"rent": {"reserve_minutes": 600.0}}, "rent.reserve_minutes must be shorter than rent.max_hours"),

@@ -147,6 +147,31 @@ def test_grpo_loss_weights_the_surrogate_and_adds_the_kl():
     assert terms.loss.item() == pytest.approx(-2 * 0.5 + 0.1 * LOG(2))
 
 
+def test_entropy_bonus_is_subtracted_per_token_and_raises_the_entropy():
+    # A = 0 leaves only the bonus: bnpo over the two unmasked tokens of entropies 1.0 and 0.5, the third masked.
+    logps = torch.zeros(1, 3)
+    entropies = torch.tensor([[1.0, 0.5, 7.0]])
+    terms = objective.grpo_loss(logps, logps.clone(), torch.tensor([0.0]), torch.ones(1, 3), None,
+                                torch.tensor([[1.0, 1.0, 0.0]]), beta=0.0, kl_estimator="k3",
+                                kl_ratio_correction=True, eps_low=0.2, eps_high=0.2, loss_type="bnpo",
+                                max_completion_length=3, token_normalizer=1.0, entropies=entropies,
+                                entropy_coef=0.1)
+    assert terms.loss.item() == pytest.approx(-0.1 * (1.0 + 0.5) / 2)
+    # A gradient step on the bonus alone flattens a peaked distribution.
+    logits = torch.tensor([[[3.0, 0.0, -1.0]]], requires_grad=True)
+
+    def entropy(z):
+        p = torch.softmax(z, -1)
+        return -(p * p.log()).sum(-1)
+
+    loss = objective.grpo_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.tensor([0.0]), torch.ones(1, 1), None,
+                               torch.ones(1, 1), beta=0.0, kl_estimator="k3", kl_ratio_correction=True,
+                               eps_low=0.2, eps_high=0.2, loss_type="bnpo", max_completion_length=1,
+                               token_normalizer=1.0, entropies=entropy(logits), entropy_coef=1.0).loss
+    loss.backward()
+    assert entropy(logits - 0.5 * logits.grad).item() > entropy(logits).item()
+
+
 LINEAGE = {"policy_version": "002", "lineage": [
     {"policy_version": "002", "content_hash": "h2"}, {"policy_version": "001", "content_hash": "h1"},
     {"policy_version": "000", "content_hash": "h0"},

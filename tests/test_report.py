@@ -3,14 +3,12 @@ the rollout inspector and the stage log files."""
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 
 import pytest
 import yaml
-from conftest import REPO
-from PIL import Image
+from conftest import REPO, screenshot
 
 from burstrl.config import CostConfig
 from burstrl.pipeline.catalog import CHARTS, PLOTS
@@ -124,19 +122,11 @@ def test_dvc_yaml_plots_are_the_catalogs():
 
 
 def test_report_renders_in_headless_chromium(tmp_path):
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    if browser is None:
-        pytest.fail("chromium is not installed: `make system` (Debian: apt-get install chromium)")
     write_run(tmp_path, iterations=4)
     rows = collect(tmp_path / "metrics", tmp_path / "data/sync", COST, ["001", "002", "003", "004"])
     page = tmp_path / "index.html"
     page.write_text(render(rows, summary(rows), {}))
-    shot = tmp_path / "shot.png"
-    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                    f"--screenshot={shot}", "--window-size=1200,900", page.as_uri()],
-                   check=True, capture_output=True, timeout=120)
-    image = Image.open(shot).convert("RGB")
-    pixels = list(image.getdata())
+    pixels = screenshot(page, tmp_path / "shot.png")
     # Each series colour appears as a drawn line with markers, in more than a few hundred pixels.
     for color in COLORS[:2]:
         rgb = tuple(int(color[i:i + 2], 16) for i in (1, 3, 5))

@@ -13,6 +13,15 @@ COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd"]
 TABLE = ["iteration", "reward_mean", "heldout_accuracy", "kl_ref", "sampler_kl", "entropy", "is_clipped_fraction",
          "staleness_mean", "rows_dropped", "completion_length", "seconds_train", "cost_usd"]
 WIDTH, HEIGHT, PAD = 520, 280, 48
+STYLE = """<style>
+body { font-family: sans-serif; margin: 24px; color: #222; }
+.charts { display: flex; flex-wrap: wrap; gap: 16px; }
+.chart { border: 1px solid #ddd; background: #fff; }
+table { border-collapse: collapse; margin: 12px 0; font-size: 13px; }
+td, th { border: 1px solid #ddd; padding: 3px 8px; text-align: right; }
+pre { background: #f6f6f6; padding: 12px; font-size: 12px; }
+.warning { color: #a40000; font-weight: bold; }
+</style>"""
 
 
 def _fmt(value) -> str:
@@ -23,15 +32,10 @@ def _fmt(value) -> str:
     return html.escape(str(value))
 
 
-def line_chart(title: str, rows: list[dict], keys: list[str]) -> str:
-    series = {k: [(r["iteration"], r[k]) for r in rows if isinstance(r.get(k), int | float)] for k in keys}
-    values = [v for points in series.values() for _, v in points]
+def _frame(title: str, xs: list[int], values: list[float]):
+    """The chart's axes, grid and title for `values` over iterations `xs`: (svg parts, x to px, y to px)."""
     out = [f'<svg class="chart" width="{WIDTH}" height="{HEIGHT}" role="img" aria-label="{html.escape(title)}">',
            f'<text x="{PAD}" y="18" font-weight="bold">{html.escape(title)}</text>']
-    if not values:
-        out.append(f'<text x="{PAD}" y="{HEIGHT // 2}" fill="#888">no data yet</text></svg>')
-        return "".join(out)
-    xs = [r["iteration"] for r in rows]
     x0, x1 = min(xs), max(max(xs), min(xs) + 1)
     y0, y1 = min(0.0, min(values)), max(values)
     y1 = y1 + (y1 - y0) * 0.05 if y1 > y0 else y0 + 1
@@ -48,18 +52,60 @@ def line_chart(title: str, rows: list[dict], keys: list[str]) -> str:
         y = y0 + (y1 - y0) * i / 4
         out.append(f'<line x1="{PAD}" y1="{py(y):.1f}" x2="{WIDTH - PAD}" y2="{py(y):.1f}" stroke="#eee"/>'
                    f'<text x="{PAD - 6}" y="{py(y) + 4:.1f}" text-anchor="end" font-size="11">{y:.3g}</text>')
-    step = max(1, len(xs) // 10)
-    for x in xs[::step]:
+    ticks = sorted(set(xs))
+    for x in ticks[::max(1, len(ticks) // 10)]:
         out.append(f'<text x="{px(x):.1f}" y="{HEIGHT - PAD + 28}" text-anchor="middle" font-size="11">{x}</text>')
     out.append(f'<text x="{WIDTH / 2}" y="{HEIGHT - 6}" text-anchor="middle" font-size="11">iteration</text>')
+    return out, px, py
+
+
+def _empty(title: str) -> str:
+    return (f'<svg class="chart" width="{WIDTH}" height="{HEIGHT}" role="img" aria-label="{html.escape(title)}">'
+            f'<text x="{PAD}" y="18" font-weight="bold">{html.escape(title)}</text>'
+            f'<text x="{PAD}" y="{HEIGHT // 2}" fill="#888">no data yet</text></svg>')
+
+
+def _series(out: list[str], i: int, count: int, label: str, points: list[tuple], px, py) -> None:
+    color = COLORS[i % len(COLORS)]
+    coords = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in points)
+    out.append(f'<polyline fill="none" stroke="{color}" stroke-width="3" points="{coords}"/>')
+    out.extend(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="4" fill="{color}"/>' for x, y in points)
+    lx = PAD + 8 + i * ((WIDTH - 2 * PAD) // max(1, count))
+    out.append(f'<rect x="{lx}" y="28" width="12" height="12" fill="{color}"/>'
+               f'<text x="{lx + 16}" y="38" font-size="11">{html.escape(label)}</text>')
+
+
+def line_chart(title: str, rows: list[dict], keys: list[str]) -> str:
+    series = {k: [(r["iteration"], r[k]) for r in rows if isinstance(r.get(k), int | float)] for k in keys}
+    values = [v for points in series.values() for _, v in points]
+    if not values:
+        return _empty(title)
+    out, px, py = _frame(title, [r["iteration"] for r in rows], values)
     for i, (key, points) in enumerate(series.items()):
-        color = COLORS[i % len(COLORS)]
-        coords = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in points)
-        out.append(f'<polyline fill="none" stroke="{color}" stroke-width="3" points="{coords}"/>')
-        out.extend(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="4" fill="{color}"/>' for x, y in points)
-        lx = PAD + 8 + i * ((WIDTH - 2 * PAD) // max(1, len(series)))
-        out.append(f'<rect x="{lx}" y="28" width="12" height="12" fill="{color}"/>'
-                   f'<text x="{lx + 16}" y="38" font-size="11">{html.escape(key.removeprefix("seconds_"))}</text>')
+        _series(out, i, len(series), key.removeprefix("seconds_"), points, px, py)
+    out.append("</svg>")
+    return "".join(out)
+
+
+def band_chart(title: str, arms: dict[str, list[tuple]]) -> str:
+    """One line per arm through its mean, in a shaded band from its interval's low to high end:
+    `arms` maps an arm to its (iteration, mean, low, high) points, low and high None where undefined."""
+    points = {arm: [p for p in rows if p[1] is not None] for arm, rows in arms.items()}
+    values = [v for rows in points.values() for p in rows for v in p[1:] if v is not None]
+    if not values:
+        return _empty(title)
+    out, px, py = _frame(title, [p[0] for rows in points.values() for p in rows], values)
+    for i, (arm, rows) in enumerate(points.items()):
+        color, band = COLORS[i % len(COLORS)], [p for p in rows if p[2] is not None]
+        if band:
+            edge = [f"{px(x):.1f},{py(hi):.1f}" for x, _, _, hi in band]
+            edge += [f"{px(x):.1f},{py(lo):.1f}" for x, _, lo, _ in reversed(band)]
+            out.append(f'<polygon fill="{color}" fill-opacity="0.2" points="{" ".join(edge)}"/>')
+        # An error bar per point too, side by side across arms: a band has no width at a single iteration.
+        dodge = (i - (len(points) - 1) / 2) * 8
+        out.extend(f'<line x1="{px(x) + dodge:.1f}" y1="{py(lo):.1f}" x2="{px(x) + dodge:.1f}" y2="{py(hi):.1f}" '
+                   f'stroke="{color}" stroke-width="2"/>' for x, _, lo, hi in band)
+        _series(out, i, len(points), arm, [(x, mean) for x, mean, _, _ in rows], px, py)
     out.append("</svg>")
     return "".join(out)
 
@@ -97,15 +143,7 @@ def render(rows: list[dict], summary: dict, params: dict, sessions: list[dict] =
     facts = "".join(f"<tr><th>{html.escape(k)}</th><td>{_fmt(v)}</td></tr>" for k, v in summary.items())
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>burstrl run report</title>
-<style>
-body {{ font-family: sans-serif; margin: 24px; color: #222; }}
-.charts {{ display: flex; flex-wrap: wrap; gap: 16px; }}
-.chart {{ border: 1px solid #ddd; background: #fff; }}
-table {{ border-collapse: collapse; margin: 12px 0; font-size: 13px; }}
-td, th {{ border: 1px solid #ddd; padding: 3px 8px; text-align: right; }}
-pre {{ background: #f6f6f6; padding: 12px; font-size: 12px; }}
-.warning {{ color: #a40000; font-weight: bold; }}
-</style></head><body>
+{STYLE}</head><body>
 <h1>burstrl run report</h1>
 <table class="summary">{facts}</table>
 <div class="charts">

@@ -96,10 +96,10 @@ class Terms:
 
 def grpo_loss(logps, old_logps, advantages, is_weights, ref_logps, mask, *, beta: float, kl_estimator: str,
               kl_ratio_correction: bool, eps_low: float, eps_high: float, loss_type: str,
-              max_completion_length: int, token_normalizer) -> Terms:
-    """L = agg( w * surrogate + beta * c * KL ): the IS weight w scales the policy-gradient term only, as in
-    TRL; c = pi_theta / pi_old with kl_ratio_correction (its value is 1 until the weights move, its gradient
-    is not 0), else 1."""
+              max_completion_length: int, token_normalizer, entropies=None, entropy_coef: float = 0.0) -> Terms:
+    """L = agg( w * surrogate + beta * c * KL - entropy_coef * H ): the IS weight w scales the policy-gradient
+    term only, as in TRL; c = pi_theta / pi_old with kl_ratio_correction (its value is 1 until the weights move,
+    its gradient is not 0), else 1; H is the policy's entropy at each token, a bonus against entropy collapse."""
     surrogate, clipped = clipped_surrogate(logps, old_logps, advantages, eps_low, eps_high)
     per_token = surrogate * is_weights
     kl = None
@@ -107,6 +107,8 @@ def grpo_loss(logps, old_logps, advantages, is_weights, ref_logps, mask, *, beta
         kl = kl_to_reference(logps, ref_logps, kl_estimator)
         penalty = kl * torch.exp(logps - old_logps) if kl_ratio_correction else kl
         per_token = per_token + beta * penalty
+    if entropy_coef != 0.0:
+        per_token = per_token - entropy_coef * entropies
     loss = aggregate(per_token, mask, loss_type, max_completion_length=max_completion_length,
                      token_normalizer=token_normalizer)
     return Terms(loss, kl, clipped)

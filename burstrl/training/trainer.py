@@ -222,12 +222,12 @@ class RolloutGRPOTrainer(GRPOTrainer):
             inputs.get("ref_per_token_logps"), mask, beta=self.beta, kl_estimator=t.kl_estimator,
             kl_ratio_correction=t.kl_ratio_correction, eps_low=t.epsilon,
             eps_high=t.epsilon_high, loss_type=t.loss_type, max_completion_length=self.max_completion_length,
-            token_normalizer=tokens,
+            token_normalizer=tokens, entropies=entropies, entropy_coef=t.entropy_coef,
         )
         metrics = self._metrics["train" if self.model.training else "eval"]
         if terms.kl is not None:
             metrics["kl"].append(self._mean_everywhere(terms.kl.detach(), mask))
-        metrics["entropy"].append(self._mean_everywhere(entropies, mask))
+        metrics["entropy"].append(self._mean_everywhere(entropies.detach(), mask))
         metrics["clip_ratio"].append(self._mean_everywhere(terms.clipped.float(), mask))
         return terms.loss if t.loss_type == "dapo" else terms.loss / accumulation
 
