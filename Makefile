@@ -12,7 +12,7 @@ EXTRA ?= cpu
 # Checkpoints the sampler of a `make iterate` iteration lags the trainer (docs/objective.md, Staleness).
 LAG ?= 0
 
-.PHONY: setup setup-quantize system browser demo repro iterate report sweep status rent-h200 rent-plan fleet reap bench bench-loop soak lint test test-fast test-durations clean
+.PHONY: setup setup-quantize system browser demo repro iterate report sweep status rent-h200 rent-plan fleet reap bench bench-loop distill-demo soak lint test test-fast test-durations clean
 
 $(VENV)/.installed-$(EXTRA): pyproject.toml
 	python3 -m venv $(VENV)
@@ -94,6 +94,10 @@ reap: setup
 # Benchmarks against the alternatives (docs/benchmarks.md): ratios on stdout, details in build/bench/.
 bench: setup system
 	python -m bench $(BENCH_ARGS)
+
+# On-policy distillation of the warmed-up default into a one-layer student, against GRPO alone (docs/benchmarks.md).
+distill-demo: setup
+	python -m bench.distill $(DISTILL_ARGS)
 
 # A rented session's overlap at lag 1 and lag 0, on a static host over a loopback sshd (docs/benchmarks.md).
 bench-loop: setup system

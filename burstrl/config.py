@@ -22,6 +22,7 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "sequence_geo_mask", "none")
 PRECISIONS = ("fp32", "bf16", "fp16")
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+OBJECTIVES = ("grpo", "distill", "grpo+distill")
 STRATEGIES = ("ddp", "fsdp", "deepspeed_zero2", "deepspeed_zero3")
 PROVIDERS = ("runpod", "static")
 QUANTIZATIONS = ("none", "gptq")
@@ -98,6 +99,8 @@ class ServersConfig:
     """Base URLs serving the frozen reference (checkpoints/000) to score's KL logprobs."""
     reward: list[str] = field(default_factory=list)
     """Base URLs serving the judge model of burstrl.rl.rewards.judge (score.judge)."""
+    teacher: list[str] = field(default_factory=list)
+    """Base URLs serving score.teacher, for distillation's teacher logprobs."""
     concurrency: int = 16
     """Requests in flight per endpoint."""
     request_timeout_seconds: float = 600.0
@@ -187,6 +190,11 @@ class ScoreConfig:
     sampler and fresh seeds so the update never pays for zero-advantage groups (burstrl.rl.resample)."""
     resample_rounds: int = 2
     """With resample: how many times a group is drawn again at most before it is kept as it is."""
+    teacher: str = ""
+    """Model directory of a teacher for on-policy distillation ("": none): score stores its logprob and top-k
+    logprobs at every completion token (never generating); it must tokenize as the policy does."""
+    teacher_top_k: int = 4
+    """How many of the teacher's most likely tokens score stores per completion token (the rest: the tail)."""
 
 
 @dataclass
@@ -249,6 +257,11 @@ class TrainConfig:
     """Gradient clipping."""
     device: str = "cpu"
     """Where the backward pass runs ("cpu", "cuda")."""
+    objective: str = "grpo"
+    """What the update follows: grpo (the rewards' advantages), distill (the teacher: per-token reverse-KL
+    advantage log pi_teacher - log pi_old) or grpo+distill (both, the teacher's weighted by distill_coef)."""
+    distill_coef: float = 1.0
+    """Weight of the per-token distillation advantage in distill and grpo+distill."""
     entropy_coef: float = 0.0
     """Entropy bonus: the loss subtracts entropy_coef times each policy token's entropy, aggregated as the
     surrogate is (0 = none, as in TRL)."""
@@ -461,6 +474,7 @@ def load_config(path: Path | str = "params.yaml") -> Config:
         "train.loss_type": (t.loss_type, LOSS_TYPES),
         "train.is_mode": (t.is_mode, IS_MODES),
         "train.precision": (t.precision, PRECISIONS),
+        "train.objective": (t.objective, OBJECTIVES),
         "launch.strategy": (cfg.launch.strategy, STRATEGIES),
         "rent.provider": (cfg.rent.provider, PROVIDERS),
         "sync.quantize": (cfg.sync.quantize, QUANTIZATIONS),
@@ -487,7 +501,7 @@ def load_config(path: Path | str = "params.yaml") -> Config:
          rent__reserve_minutes=cfg.rent.reserve_minutes, rent__max_hours=cfg.rent.max_hours)
     need(cfg.rent.lag >= 0, "rent.lag must be >= 0: a sampler cannot be newer than the trainer's parent",
          rent__lag=cfg.rent.lag)
-    for role in ("policy", "reference", "reward"):
+    for role in ("policy", "reference", "reward", "teacher"):
         for url in getattr(sv, role):
             if not url.startswith(("http://", "https://")):
                 raise ConfigError(f"{path}: servers.{role}: '{url}' is not a base URL (http://host:port)")
@@ -496,6 +510,11 @@ def load_config(path: Path | str = "params.yaml") -> Config:
          "judge's served name and endpoints)", score__judge__model=cfg.score.judge.model, servers__reward=sv.reward)
     need(cfg.score.resample_rounds >= 1, "score.resample_rounds must be >= 1",
          score__resample_rounds=cfg.score.resample_rounds)
+    need(t.objective == "grpo" or bool(cfg.score.teacher), f"train.objective {t.objective} needs score.teacher (the "
+         "teacher's logprobs come from score)", train__objective=t.objective, score__teacher=cfg.score.teacher)
+    need(cfg.score.teacher_top_k >= 1, "score.teacher_top_k must be >= 1", score__teacher_top_k=cfg.score.teacher_top_k)
+    need(not sv.teacher or bool(cfg.score.teacher), "servers.teacher is set but score.teacher is not: name the "
+         "teacher's model directory", servers__teacher=sv.teacher)
     need(cfg.watch.top_k >= 0, "watch.top_k must be >= 0", watch__top_k=cfg.watch.top_k)
     need(sv.concurrency >= 1, "servers.concurrency must be >= 1", servers__concurrency=sv.concurrency)
     need(sv.request_timeout_seconds > 0, "servers.request_timeout_seconds must be > 0",

@@ -74,7 +74,8 @@ if __name__ == "__main__":
         parent = Path("checkpoints") / args.parent
         parent_meta = read_metadata(parent)
         check_tokens(source, table, parent, parent_meta)
-        temperature = check_batch(source, table, beta=cfg.train.beta, expected_rows=cfg.rollouts_per_iteration)
+        temperature = check_batch(source, table, beta=cfg.train.beta, expected_rows=cfg.rollouts_per_iteration,
+                                  objective=cfg.train.objective)
         lags = staleness(source, table, parent_meta)
         selection = select_rows(source, table, lags, cfg.train)
         g = cfg.generate
@@ -134,7 +135,7 @@ if __name__ == "__main__":
                                 f"{trainer.state.max_steps}; checkpoint in {work.path}/checkpoint-{steps}; "
                                 "`dvc repro` continues it")
         history = trainer.state.log_history
-        for key in ("loss", "kl", "entropy", "clip_ratio", "grad_norm"):
+        for key in ("loss", "kl", "distill_kl", "entropy", "clip_ratio", "grad_norm"):
             value = mean_of(history, key)
             if value is not None:
                 metrics[key] = value

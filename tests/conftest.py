@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 import torch
 from PIL import Image
+from safetensors.torch import load_file, save_file
 
 from bench import soak
 from bench.watch import watch
@@ -47,6 +48,43 @@ def rollout_rows(groups: int = 2, size: int = 2) -> list[dict]:
                 "rewards": [float(k)], "reward": float(k), "advantage": float(k) - 0.5, "ref_logprobs": [-0.4, -0.3],
             })
     return rows
+
+
+NOISE = 0.3  # relative to each weight tensor's std: enough to move a model visibly, not to break it
+
+
+def noisy_weights(source: Path, target: Path) -> None:
+    """A copy of the model directory `source` at `target` (no burstrl.json) with seeded Gaussian noise of NOISE
+    times each weight matrix's std added: another model that tokenizes the same way."""
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("burstrl.json"))
+    weights = load_file(target / "model.safetensors")
+    gen = torch.Generator().manual_seed(7)
+    noisy = {name: w + NOISE * w.float().std().nan_to_num() * torch.randn(w.shape, generator=gen) if w.ndim > 1 else w
+             for name, w in weights.items()}
+    save_file(noisy, target / "model.safetensors", metadata={"format": "pt"})
+
+
+def teacher_by_hand(model, prompt_ids: list[int], completion_ids: list[int], k: int):
+    """A plain forward pass's view of one completion, as score stores a teacher's: each completion token's
+    logprob, and the top k logprobs (with their ids) at each completion position."""
+    ids = torch.tensor([prompt_ids + completion_ids])
+    with torch.no_grad():
+        logps = torch.log_softmax(model(ids).logits[0, :-1].float(), -1)[-len(completion_ids):]
+    top = logps.topk(k, -1)
+    return (logps.gather(-1, ids[0, -len(completion_ids):, None])[:, 0].tolist(), top.indices.tolist(),
+            top.values.tolist(), logps)
+
+
+def check_teacher_columns(rows: list[dict], model, k: int) -> None:
+    """The teacher columns of scored rows equal `model`'s forward pass to 1e-4: the sampled tokens' logprobs,
+    the top-k logprobs, and each stored top-k id's logprob (ids of logprobs tied within 1e-4 may swap)."""
+    for row in rows:
+        logprobs, _, top, full = teacher_by_hand(model, row["prompt_ids"], row["completion_ids"], k)
+        assert row["teacher_logprobs"] == pytest.approx(logprobs, abs=1e-4)
+        for at, (ids, stored, expected) in enumerate(zip(row["teacher_topk_ids"], row["teacher_topk_logprobs"], top,
+                                                         strict=True)):
+            assert stored == pytest.approx(expected, abs=1e-4)
+            assert [full[at, i].item() for i in ids] == pytest.approx(stored, abs=1e-4)
 
 
 def completion_logprobs(model, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:

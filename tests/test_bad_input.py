@@ -4,6 +4,8 @@ workspace, runs the stage on it, and compares every file under data/, checkpoint
 with what they held before."""
 
 import hashlib
+import json
+import shutil
 import socket
 import sys
 from pathlib import Path
@@ -13,6 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 from conftest import clone, run, with_tests_on_path
+
+from burstrl.data.policy import tokenizer_hash
 
 pytestmark = pytest.mark.slow
 TESTS = Path(__file__).parent
@@ -93,6 +97,31 @@ def test_ref_logprobs_null_in_some_rows_only(ws):
     assert fails(ws, ["stages/train.py", "009", "000"]) == (
         f"train: error: data/scored/009.parquet: {identity(rows, 2)}: field 'ref_logprobs': is null in some rows "
         "only; it is all or nothing")
+
+
+def test_a_teacher_that_tokenizes_otherwise(ws):
+    root, _ = ws
+    teacher = root / "build/other-teacher"
+    shutil.copytree(root / "checkpoints/000", teacher, ignore=shutil.ignore_patterns("burstrl.json"))
+    vocabulary = json.loads((teacher / "tokenizer.json").read_text())
+    vocabulary["added_tokens"] = vocabulary.get("added_tokens", []) + [  # one token more: other ids for text
+        {"id": 99999, "content": "<extra>", "single_word": False, "lstrip": False, "rstrip": False,
+         "normalized": False, "special": True}]
+    (teacher / "tokenizer.json").write_text(json.dumps(vocabulary))
+    rows = bad_rollouts(ws, lambda rows: None)
+    line = fails(ws, ["stages/score.py", "009"], {"score": {"teacher": "build/other-teacher"}, "train": {"beta": 0.0}})
+    assert line == (f"score: error: data/rollouts/009.parquet: {identity(rows, 0)}: field 'tokenizer_hash': is "
+                    f"{rows[0]['tokenizer_hash'][:12]}, but build/other-teacher tokenizes with "
+                    f"{tokenizer_hash(teacher)[:12]}: its token ids would mean other text")
+
+
+def test_distillation_from_a_batch_scored_without_a_teacher(ws):
+    root, _ = ws
+    shutil.copy(root / "data/scored/001.parquet", root / "data/scored/009.parquet")
+    assert fails(ws, ["stages/train.py", "009", "000"], {"score": {"teacher": "checkpoints/000"},
+                                                          "train": {"objective": "grpo+distill"}}) == (
+        "train: error: data/scored/009.parquet: field 'teacher_logprobs': scored without a teacher (score.teacher "
+        "was empty when score ran), but train.objective is grpo+distill")
 
 
 @pytest.mark.parametrize(("name", "shown"), [("nan", "nan"), ("inf", "inf"), ("text", "'1.0'")])

@@ -147,6 +147,31 @@ def test_grpo_loss_weights_the_surrogate_and_adds_the_kl():
     assert terms.loss.item() == pytest.approx(-2 * 0.5 + 0.1 * LOG(2))
 
 
+def test_topk_reverse_kl_by_hand_and_the_distill_loss():
+    # k = 2; position 0: student (0.5, 0.25, tail 0.25), teacher (0.25, 0.25, tail 0.5); position 1: equal.
+    student = torch.log(torch.tensor([[[0.5, 0.25], [0.6, 0.3]]]))
+    teacher = torch.log(torch.tensor([[[0.25, 0.25], [0.6, 0.3]]]))
+    kl = objective.topk_reverse_kl(student, teacher)
+    assert kl[0].tolist() == pytest.approx([0.5 * LOG(2) + 0.25 * LOG(0.5), 0.0], abs=1e-6)
+    # distill: only coef * KL, aggregated as the rest (bnpo over the two tokens); grpo+distill adds the surrogate.
+    logps = torch.zeros(1, 2)
+    common = dict(beta=0.0, kl_estimator="k3", kl_ratio_correction=True, eps_low=0.2, eps_high=0.2,
+                  loss_type="bnpo", max_completion_length=2, token_normalizer=1.0, distill=kl, distill_coef=2.0)
+    alone = objective.grpo_loss(logps, logps, torch.tensor([3.0]), torch.ones(1, 2), None, torch.ones(1, 2),
+                                rewards=False, **common)
+    both = objective.grpo_loss(logps, logps, torch.tensor([3.0]), torch.ones(1, 2), None, torch.ones(1, 2),
+                               **common)
+    assert alone.loss.item() == pytest.approx(2.0 * (0.5 * LOG(2) + 0.25 * LOG(0.5)) / 2)
+    assert both.loss.item() == pytest.approx(alone.loss.item() - 3.0)
+    # Its gradient moves the student's top-k towards the teacher's.
+    logits = torch.tensor([[[2.0, 1.0, 0.0, 0.0]]], requires_grad=True)
+    target = torch.log_softmax(torch.tensor([[[0.0, 1.0, 0.5, 0.5]]]), -1)[..., :2]
+    loss = objective.topk_reverse_kl(torch.log_softmax(logits, -1)[..., :2], target).sum()
+    loss.backward()
+    stepped = torch.log_softmax(logits - 0.5 * logits.grad, -1)[..., :2]
+    assert objective.topk_reverse_kl(stepped, target).item() < loss.item()
+
+
 def test_entropy_bonus_is_subtracted_per_token_and_raises_the_entropy():
     # A = 0 leaves only the bonus: bnpo over the two unmasked tokens of entropies 1.0 and 0.5, the third masked.
     logps = torch.zeros(1, 3)

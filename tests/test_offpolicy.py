@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
-from conftest import clone, completion_logprobs, run
-from safetensors.torch import load_file, save_file
+from conftest import NOISE, clone, completion_logprobs, noisy_weights, run
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from burstrl.data.policy import mark_derived, read_metadata
@@ -24,17 +24,6 @@ from burstrl.data.policy import mark_derived, read_metadata
 pytestmark = pytest.mark.slow
 
 PARAMS = {"generate": {"prompts_per_iteration": 16}, "train": {"batch_size": 32, "is_cap": 1.5}}
-NOISE = 0.3  # relative to each weight tensor's std: enough to move the sampler visibly, not to break it
-
-
-def perturbed_copy(source, target):
-    shutil.copytree(source, target, ignore=shutil.ignore_patterns("burstrl.json"))
-    weights = load_file(target / "model.safetensors")
-    gen = torch.Generator().manual_seed(7)
-    noisy = {name: w + NOISE * w.float().std().nan_to_num() * torch.randn(w.shape, generator=gen) if w.ndim > 1 else w
-             for name, w in weights.items()}
-    save_file(noisy, target / "model.safetensors", metadata={"format": "pt"})
-    mark_derived(target, read_metadata(source), f"perturbed-{NOISE}")
 
 
 def mismatch_by_hand(sampler, exact, proximal) -> dict:
@@ -61,7 +50,8 @@ def mismatch_by_hand(sampler, exact, proximal) -> dict:
 def test_mismatched_sampler_is_measured_and_corrected(bootstrapped, tmp_path):
     root = tmp_path / "ws"
     env = clone(bootstrapped, root, PARAMS)
-    perturbed_copy(root / "checkpoints/000", root / "build/perturbed")
+    noisy_weights(root / "checkpoints/000", root / "build/perturbed")
+    mark_derived(root / "build/perturbed", read_metadata(root / "checkpoints/000"), f"perturbed-{NOISE}")
     run(["python", "stages/generate.py", "001", "000", "--weights", "build/perturbed"], root, env)
     # Score cannot draw again with weights only generate's --weights ran: resampling is refused, by name.
     params = yaml.safe_load((root / "params.yaml").read_text())

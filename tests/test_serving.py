@@ -15,7 +15,7 @@ import psutil
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import clone, completion_logprobs, run
+from conftest import check_teacher_columns, clone, completion_logprobs, run
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -116,6 +116,24 @@ def test_a_served_judge_is_a_reward_function_beside_the_rule_based_ones(two_serv
         assert row["rewards"][0] == float(row["completion"].strip() == row["answer"])
     metrics = json.loads((root / "metrics/score/001.json").read_text())
     assert sum(metrics["judge_servers"]["requests"].values()) == len(rows) + 2 + 2  # tokenize; 64 sequences
+
+
+def test_a_served_teacher_gives_the_top_k_of_a_forward_pass(two_servers):
+    """Distillation's teacher on one endpoint (`python -m burstrl serve` of checkpoint 000): score stores what a
+    forward pass of the teacher gives, to 1e-4."""
+    root, env, servers = two_servers
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["score"].update(teacher="checkpoints/000", teacher_top_k=3)
+    params["servers"]["teacher"] = [servers[0][1]]
+    params["train"]["beta"] = 0.0  # no reference pass: this test is about the teacher
+    path = root / "params-teacher.yaml"
+    path.write_text(yaml.safe_dump(params))
+    run([sys.executable, "stages/score.py", "001", "--params", str(path)], root, env)
+
+    rows = pq.read_table(root / "data/scored/001.parquet").to_pylist()
+    check_teacher_columns(rows, AutoModelForCausalLM.from_pretrained(root / "checkpoints/000"), 3)
+    metrics = json.loads((root / "metrics/score/001.json").read_text())
+    assert metrics["teacher_servers"]["requests"] == {servers[0][1]: 1}  # 32 rows: one request of SCORE_BATCH
 
 
 def test_two_endpoints_give_the_offline_engines_ids_and_logprobs_and_survive_a_kill(scored, two_servers):

@@ -22,7 +22,11 @@ Scored rollouts (score -> train) add:
   - `advantage`: group-relative, so it sums to ~0 within each group;
   - `ref_logprobs`: the frozen reference's logprob of each completion token at temperature 1, same length as
     `completion_ids`, finite, <= 0 (environment tokens too: the KL term uses only the mask's 1s); null in every
-    row when score ran with train.beta = 0 (no KL term).
+    row when score ran with train.beta = 0 (no KL term);
+  - with score.teacher only (TEACHER_FIELDS): `teacher_logprobs`, the teacher's logprob of each completion token
+    at temperature 1 (as `ref_logprobs`); `teacher_topk_ids` and `teacher_topk_logprobs`, at each token the ids
+    and logprobs of the teacher's score.teacher_top_k most likely tokens, most likely first (the same k in
+    every row; the tail's mass is 1 - the sum of their probabilities, so at least 0).
 Importance weights (train -> people and tests), one row per scored row, in the same order:
   - `staleness`: policy versions the sampler lagged the checkpoint training started from;
   - `keep`: whether the loss used the row (see burstrl.rl.selection.select_rows);
@@ -77,6 +81,12 @@ SCORED_FIELDS = ROLLOUT_FIELDS + [
     pa.field("reward", pa.float32()),
     pa.field("advantage", pa.float32()),
     pa.field("ref_logprobs", pa.list_(pa.float32())),
+]
+# Present, all three, exactly when score ran with score.teacher (on-policy distillation).
+TEACHER_FIELDS = [
+    pa.field("teacher_logprobs", pa.list_(pa.float32())),
+    pa.field("teacher_topk_ids", pa.list_(pa.list_(pa.int32()))),
+    pa.field("teacher_topk_logprobs", pa.list_(pa.list_(pa.float32()))),
 ]
 WEIGHT_FIELDS = [
     pa.field("prompt_id", pa.int64()),
@@ -195,6 +205,27 @@ def read_rollouts(path: Path) -> pa.Table:
     return table
 
 
+def _check_teacher(path, table):
+    _check_logprobs(path, table, "teacher_logprobs")
+    lengths = [len(ids) for ids in table["completion_ids"].to_pylist()]
+    ids, top = table["teacher_topk_ids"].to_pylist(), table["teacher_topk_logprobs"].to_pylist()
+    k = len(ids[0][0]) if ids and ids[0] else None
+    for row, (row_ids, row_top) in enumerate(zip(ids, top, strict=True)):
+        for name, values in (("teacher_topk_ids", row_ids), ("teacher_topk_logprobs", row_top)):
+            if len(values) != lengths[row]:
+                fail(path, row, name, f"has {len(values)} positions for {lengths[row]} completion tokens", table)
+        for i, (at_ids, at_top) in enumerate(zip(row_ids, row_top, strict=True)):
+            if len(at_ids) != k or len(at_top) != k:
+                fail(path, row, "teacher_topk_ids", f"has {len(at_ids)} ids and {len(at_top)} logprobs at token {i}; "
+                     f"row 0 has {k} (score.teacher_top_k)", table)
+            if any(not math.isfinite(v) or v > 0 for v in at_top) or at_top != sorted(at_top, reverse=True):
+                fail(path, row, "teacher_topk_logprobs", f"holds {at_top} at token {i}; logprobs must be finite, <= 0 "
+                     "and most likely first", table)
+            if sum(math.exp(v) for v in at_top) > 1 + 1e-3:
+                fail(path, row, "teacher_topk_logprobs", f"at token {i} sums to probability "
+                     f"{sum(math.exp(v) for v in at_top):.4f} > 1", table)
+
+
 def read_scored(path: Path) -> pa.Table:
     table = _read(path, SCORED_FIELDS)
     _check_rollouts(path, table)
@@ -204,6 +235,8 @@ def read_scored(path: Path) -> pa.Table:
     elif nulls != len(table):
         row = table["ref_logprobs"].is_null().to_pylist().index(True)
         fail(path, row, "ref_logprobs", "is null in some rows only; it is all or nothing", table)
+    if any(f.name in table.column_names for f in TEACHER_FIELDS):
+        _check_teacher(path, _read(path, TEACHER_FIELDS))
     for name in ("reward", "advantage"):
         for row, value in enumerate(table[name].to_pylist()):
             if value is None or not math.isfinite(value):

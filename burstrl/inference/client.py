@@ -23,7 +23,7 @@ from contextlib import contextmanager
 
 from burstrl.config import ServersConfig
 from burstrl.errors import ServerError
-from burstrl.inference.engine import Sample, per_prompt
+from burstrl.inference.engine import Sample, TopK, per_prompt, ranked
 
 SCORE_BATCH = 32  # sequences per prompt_logprobs request: one HTTP round trip each, no per-row seeds needed
 PROBE_SECONDS = 10.0  # `/v1/models` answers at once from a live server; a silent host must not hold a stage long
@@ -224,18 +224,29 @@ class Pool:
             groups.append(group)
         return groups
 
-    def token_logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
-        """The served policy's logprob of each completion token given its prompt, at temperature 1."""
+    def _prompt_logprobs(self, prompt_ids, completion_ids, k: int):
+        """Per sequence, vLLM's prompt logprobs at its completion tokens (token id -> logprob and rank)."""
         seqs = [p + c for p, c in zip(prompt_ids, completion_ids, strict=True)]
         starts = range(0, len(seqs), SCORE_BATCH)
-        bodies = [{"prompt": seqs[i:i + SCORE_BATCH], "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0}
+        bodies = [{"prompt": seqs[i:i + SCORE_BATCH], "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": k}
                   for i in starts]
-        result = []
         for start, response in zip(starts, self.map("/v1/completions", bodies), strict=True):
             for choice in sorted(response["choices"], key=lambda c: c["index"]):
                 comp = completion_ids[start + choice["index"]]
-                tail = choice["prompt_logprobs"][len(choice["prompt_logprobs"]) - len(comp):]
-                result.append([float(step[str(tok)]["logprob"]) for step, tok in zip(tail, comp, strict=True)])
+                yield choice["prompt_logprobs"][-len(comp):], comp
+
+    def token_logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
+        """The served policy's logprob of each completion token given its prompt, at temperature 1."""
+        return [[float(step[str(tok)]["logprob"]) for step, tok in zip(steps, comp, strict=True)]
+                for steps, comp in self._prompt_logprobs(prompt_ids, completion_ids, 0)]
+
+    def top_logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]], k: int) -> list[TopK]:
+        """`token_logprobs` and the top k at each completion token, as burstrl.inference.engine.top_logprobs."""
+        result = []
+        for steps, comp in self._prompt_logprobs(prompt_ids, completion_ids, k):
+            ranks = [ranked(step, tok, k, lambda e: (float(e["logprob"]), e["rank"]))
+                     for step, tok in zip(steps, comp, strict=True)]
+            result.append(TopK(*(list(column) for column in zip(*ranks, strict=True))))
         return result
 
 

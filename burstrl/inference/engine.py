@@ -10,6 +10,7 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from burstrl.config import InferenceConfig
 from burstrl.pipeline import faults
@@ -24,6 +25,15 @@ class Sample:
     logprobs: list[float]
     finish_reason: str
     text: str
+
+
+class TopK(NamedTuple):
+    """A model's view of one completion, token by token: the logprob of the token there, and the ids and
+    logprobs of its k most likely tokens, most likely first."""
+
+    logprobs: list[float]
+    ids: list[list[int]]
+    top: list[list[float]]
 
 
 def engine_args(inf: InferenceConfig, max_len: int, seed: int) -> dict:
@@ -75,6 +85,9 @@ class Offline:
     def token_logprobs(self, prompt_ids, completion_ids) -> list[list[float]]:
         return token_logprobs(self.llm, prompt_ids, completion_ids)
 
+    def top_logprobs(self, prompt_ids, completion_ids, k: int) -> list[TopK]:
+        return top_logprobs(self.llm, prompt_ids, completion_ids, k)
+
 
 @contextmanager
 def offline(policy_dir: Path, inf: InferenceConfig, max_len: int, seed: int):
@@ -120,6 +133,28 @@ def greedy(llm, prompt_ids: list[list[int]], max_tokens: int) -> list[str]:
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=True)
     return [out.outputs[0].text for out in outputs]
+
+
+def ranked(step: dict, token: int, k: int, entry=lambda e: (e.logprob, e.rank)) -> tuple[float, list[int], list]:
+    """From one position's prompt logprobs (token id -> an entry giving (logprob, rank)): the given token's
+    logprob and the top k, in rank order. vLLM returns the top k and the token itself, whatever its rank."""
+    values = {int(tid): entry(e) for tid, e in step.items()}
+    best = sorted((v[1], tid) for tid, v in values.items() if v[1] <= k)
+    return values[token][0], [tid for _, tid in best], [values[tid][0] for _, tid in best]
+
+
+def top_logprobs(llm, prompt_ids: list[list[int]], completion_ids: list[list[int]], k: int) -> list[TopK]:
+    """`token_logprobs` and the top k at each completion token, at temperature 1, in one pass."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=1, prompt_logprobs=k)
+    outputs = llm.generate([{"prompt_token_ids": p + c} for p, c in zip(prompt_ids, completion_ids, strict=True)],
+                           params, use_tqdm=True)
+    result = []
+    for out, comp in zip(outputs, completion_ids, strict=True):
+        steps = [ranked(step, tok, k) for step, tok in zip(out.prompt_logprobs[-len(comp):], comp, strict=True)]
+        result.append(TopK(*(list(column) for column in zip(*steps, strict=True))))
+    return result
 
 
 def token_logprobs(llm, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:

@@ -57,6 +57,16 @@ def importance_weights(ratio: torch.Tensor, mode: str, cap: float, floor: float)
     raise ValueError(f"unknown importance-sampling mode {mode!r}; expected one of {IS_MODES}")
 
 
+def topk_reverse_kl(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+    """(B, T) reverse KL of the student from the teacher at each position, over the teacher's top k tokens and
+    one bucket for the rest: sum_v p_s(v) (log p_s(v) - log p_t(v)) + p_s(tail) (log p_s(tail) - log p_t(tail)),
+    from both models' logprobs at those k tokens, (B, T, K). It is the exact KL of the two distributions seen
+    through those k + 1 outcomes, so at most the full KL, and differentiable in `student`."""
+    tail_s = (1 - student.exp().sum(-1)).clamp(min=1e-8)
+    tail_t = (1 - teacher.exp().sum(-1)).clamp(min=1e-8)
+    return (student.exp() * (student - teacher)).sum(-1) + tail_s * (tail_s.log() - tail_t.log())
+
+
 def clipped_surrogate(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor, eps_low: float,
                       eps_high: float) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO's per-token loss -min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A) with rho = pi_theta / pi_old,
@@ -96,12 +106,15 @@ class Terms:
 
 def grpo_loss(logps, old_logps, advantages, is_weights, ref_logps, mask, *, beta: float, kl_estimator: str,
               kl_ratio_correction: bool, eps_low: float, eps_high: float, loss_type: str,
-              max_completion_length: int, token_normalizer, entropies=None, entropy_coef: float = 0.0) -> Terms:
-    """L = agg( w * surrogate + beta * c * KL - entropy_coef * H ): the IS weight w scales the policy-gradient
-    term only, as in TRL; c = pi_theta / pi_old with kl_ratio_correction (its value is 1 until the weights move,
-    its gradient is not 0), else 1; H is the policy's entropy at each token, a bonus against entropy collapse."""
+              max_completion_length: int, token_normalizer, entropies=None, entropy_coef: float = 0.0,
+              distill=None, distill_coef: float = 0.0, rewards: bool = True) -> Terms:
+    """L = agg( w * surrogate + beta * c * KL - entropy_coef * H + distill_coef * D ): the IS weight w scales the
+    policy-gradient term only, as in TRL; c = pi_theta / pi_old with kl_ratio_correction (its value is 1 until
+    the weights move, its gradient is not 0), else 1; H is the policy's entropy at each token, a bonus against
+    entropy collapse; D the per-token reverse KL to a teacher (`topk_reverse_kl`). Without `rewards` the
+    surrogate is left out: distillation alone."""
     surrogate, clipped = clipped_surrogate(logps, old_logps, advantages, eps_low, eps_high)
-    per_token = surrogate * is_weights
+    per_token = surrogate * is_weights if rewards else torch.zeros_like(logps)
     kl = None
     if beta != 0.0:
         kl = kl_to_reference(logps, ref_logps, kl_estimator)
@@ -109,6 +122,8 @@ def grpo_loss(logps, old_logps, advantages, is_weights, ref_logps, mask, *, beta
         per_token = per_token + beta * penalty
     if entropy_coef != 0.0:
         per_token = per_token - entropy_coef * entropies
+    if distill is not None:
+        per_token = per_token + distill_coef * distill
     loss = aggregate(per_token, mask, loss_type, max_completion_length=max_completion_length,
                      token_normalizer=token_normalizer)
     return Terms(loss, kl, clipped)

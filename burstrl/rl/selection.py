@@ -37,7 +37,7 @@ def staleness(source: Path, table: pa.Table, parent: dict) -> list[int]:
     return lags
 
 
-def check_batch(source: Path, table: pa.Table, *, beta: float, expected_rows: int) -> float:
+def check_batch(source: Path, table: pa.Table, *, beta: float, expected_rows: int, objective: str = "grpo") -> float:
     """Refuse a rollout batch this update cannot use as is; returns its sampling temperature."""
     temperatures = sorted(set(table["temperature"].to_pylist()))
     if len(temperatures) != 1:
@@ -48,6 +48,12 @@ def check_batch(source: Path, table: pa.Table, *, beta: float, expected_rows: in
     if beta and table["ref_logprobs"].null_count:
         raise ContractError(f"{source}: field 'ref_logprobs': scored without reference logprobs (train.beta was 0 "
                             f"when score ran), but train.beta is {beta}")
+    if objective != "grpo" and "teacher_logprobs" not in table.column_names:
+        raise ContractError(f"{source}: field 'teacher_logprobs': scored without a teacher (score.teacher was empty "
+                            f"when score ran), but train.objective is {objective}")
+    if objective != "grpo" and temperatures != [1.0]:
+        raise ContractError(f"{source}: field 'temperature': distillation needs rollouts sampled at 1.0 (teacher "
+                            f"logprobs are at 1.0), got {temperatures[0]}")
     if len(table) != expected_rows:
         raise ContractError(f"{source}: field 'prompt_id': {len(table)} rows, but generate.prompts_per_iteration * "
                             f"generate.num_generations = {expected_rows}")

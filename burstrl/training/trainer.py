@@ -19,6 +19,7 @@ colocated loop, all forced by the decoupled pipeline:
     is chosen by the optimizer step, which a resumed Trainer restores, not by TRL's own call counter.
 """
 
+import math
 from pathlib import Path
 
 import torch
@@ -123,7 +124,8 @@ class RolloutGRPOTrainer(GRPOTrainer):
         # Left-out rows get their true weights too, for data/weights; the loss mask silences them.
         ratio = objective.raw_importance_ratio(proximal, sampler, policy_mask, t.is_mode)
         weights = objective.importance_weights(ratio, t.is_mode, t.is_cap, t.is_floor)
-        self._record_start(inputs, proximal, sampler, exact, ratio, weights, loss_mask, t.is_mode)
+        teacher = padded("teacher_logprobs", 0.0, "right", torch.float32) if t.objective != "grpo" else None
+        self._record_start(inputs, proximal, sampler, exact, ratio, weights, loss_mask, t.is_mode, teacher)
         batch = {
             "prompt_ids": prompt_ids,
             "prompt_mask": prompt_mask,
@@ -138,7 +140,25 @@ class RolloutGRPOTrainer(GRPOTrainer):
         }
         if self.beta != 0.0:
             batch["ref_per_token_logps"] = padded("ref_logprobs", 0.0, "right", torch.float32)
+        if teacher is not None:
+            k = len(inputs[0]["teacher_topk_ids"][0])
+            batch["teacher_topk_ids"] = pad([torch.tensor(row["teacher_topk_ids"], dtype=torch.long) for row in inputs],
+                                            padding_value=0, padding_side="right").to(device)
+            batch["teacher_topk_logprobs"] = pad(
+                [torch.tensor(row["teacher_topk_logprobs"], dtype=torch.float32) for row in inputs],
+                padding_value=-math.log(k), padding_side="right").to(device)
         return batch
+
+    def _distill_kl(self, model, inputs) -> torch.Tensor:
+        """The per-token reverse KL to the teacher over its top k (burstrl.rl.objective.topk_reverse_kl): the
+        student's logprobs at the teacher's top-k ids need the full next-token distribution, so one more forward
+        pass with the LM head's logits (TRL's fused head gives only the sampled token's)."""
+        completion_ids = inputs["completion_ids"]
+        logits = model(input_ids=torch.cat([inputs["prompt_ids"], completion_ids], dim=1),
+                       attention_mask=torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1),
+                       logits_to_keep=completion_ids.size(1) + 1).logits[:, :-1]
+        student = torch.log_softmax(logits.float(), -1).gather(-1, inputs["teacher_topk_ids"])
+        return objective.topk_reverse_kl(student, inputs["teacher_topk_logprobs"])
 
     def _exact_logprobs(self, inputs, prompt_ids, prompt_mask, completion_ids, completion_mask, proximal):
         """Each row's logprobs under the exact checkpoint of the version that sampled it (its sampler's weights
@@ -161,7 +181,7 @@ class RolloutGRPOTrainer(GRPOTrainer):
             exact[rows] = logps
         return exact
 
-    def _record_start(self, inputs, proximal, sampler, exact, ratio, weights, loss_mask, mode):
+    def _record_start(self, inputs, proximal, sampler, exact, ratio, weights, loss_mask, mode, teacher=None):
         """What the batch looked like before any update: the sampler-vs-trainer gap and the IS weights."""
         units = loss_mask if ratio.size(1) > 1 else loss_mask.amax(-1, keepdim=True)
         changed = torch.zeros_like(ratio) if mode == "none" else (weights != ratio).float()
@@ -180,14 +200,16 @@ class RolloutGRPOTrainer(GRPOTrainer):
         proximal, sampler, loss_mask, weights, ratio, changed, units = (
             acc.gather(acc.pad_across_processes(t, dim=1))
             for t in (proximal, sampler, loss_mask, weights, ratio, changed, units))
-        if exact is not None:
-            exact = acc.gather(acc.pad_across_processes(exact, dim=1))
+        exact, teacher = (None if x is None else acc.gather(acc.pad_across_processes(x, dim=1))
+                          for x in (exact, teacher))
         self.start_metrics = {
             **mismatch.batch_metrics(proximal, sampler, ratio, weights, loss_mask, units, exact),
             "is_weight_mean": objective.masked_mean(weights, units),
             "is_weight_max": (weights * units).max().item(),
             "is_ratio_max": (ratio * units).max().item(),
             "is_clipped_fraction": objective.masked_mean(changed, units),
+            # KL(pi_old || teacher) on the policy's own tokens, what distillation lowers (k1: a mean log ratio).
+            **({"teacher_kl": objective.masked_mean(proximal - teacher, loss_mask)} if teacher is not None else {}),
         }
 
     def full_row_report(self, keys: list[tuple[int, int]]) -> dict[str, list]:
@@ -217,17 +239,21 @@ class RolloutGRPOTrainer(GRPOTrainer):
         accumulation = self.current_gradient_accumulation_steps
         tokens = (inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
                   * accumulation / self.args.steps_per_generation)
+        distill = self._distill_kl(model, inputs) if t.objective != "grpo" else None
         terms = objective.grpo_loss(
             logps, inputs["old_per_token_logps"], inputs["advantages"], inputs["importance_sampling_ratio"],
             inputs.get("ref_per_token_logps"), mask, beta=self.beta, kl_estimator=t.kl_estimator,
             kl_ratio_correction=t.kl_ratio_correction, eps_low=t.epsilon,
             eps_high=t.epsilon_high, loss_type=t.loss_type, max_completion_length=self.max_completion_length,
-            token_normalizer=tokens, entropies=entropies, entropy_coef=t.entropy_coef,
+            token_normalizer=tokens, entropies=entropies, entropy_coef=t.entropy_coef, distill=distill,
+            distill_coef=t.distill_coef, rewards=t.objective != "distill",
         )
         metrics = self._metrics["train" if self.model.training else "eval"]
         if terms.kl is not None:
             metrics["kl"].append(self._mean_everywhere(terms.kl.detach(), mask))
         metrics["entropy"].append(self._mean_everywhere(entropies.detach(), mask))
+        if distill is not None:
+            metrics["distill_kl"].append(self._mean_everywhere(distill.detach(), mask))
         metrics["clip_ratio"].append(self._mean_everywhere(terms.clipped.float(), mask))
         return terms.loss if t.loss_type == "dapo" else terms.loss / accumulation
 
