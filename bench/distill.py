@@ -1,13 +1,14 @@
-"""`python -m bench.distill [--iterations 3] [--layers 1] [--student-sft 200] [--keep]` (`make distill-demo`):
-on-policy distillation of the warmed-up default into a smaller student, against GRPO alone on the same student.
+"""`python -m bench.distill [--iterations 4] [--layers 1] [--teacher-sft 2000] [--student-sft 520] [--keep]`
+(`make distill-demo`): on-policy distillation of a warmed-up default into a smaller student, against GRPO alone
+on the same student.
 
-The teacher is the embedded default as `make demo` warms it up (4 layers, its bootstrap run by `dvc repro
-bootstrap` in a scratch workspace). The student is the same architecture with `--layers` layers and a
-`--student-sft`-step warm-up, bootstrapped once. Two copies of the student then run `--iterations` iterations
-each, with the same batches, learning rate and optimizer steps: `train.objective` grpo, and grpo+distill with
-`score.teacher` the teacher's checkpoint (score stores its top-k logprobs on the student's own completions).
-Prints each arm's held-out accuracy per iteration (each iteration is the same number of updates) and writes
-build/bench/distill.json (docs/objective.md, On-policy distillation).
+The teacher is the embedded default (4 layers) warmed up for `--teacher-sft` steps, its bootstrap run by `dvc
+repro bootstrap` in a scratch workspace. The student is the same architecture with `--layers` layers and a
+`--student-sft`-step warm-up (the default's), bootstrapped once. Two copies of the student then run
+`--iterations` iterations each, with the same batches, learning rate and optimizer steps: `train.objective`
+grpo, and grpo+distill with `score.teacher` the teacher's checkpoint (score stores its top-k logprobs on the
+student's own completions). Prints each arm's held-out accuracy per iteration (each iteration is the same
+number of updates) and writes build/bench/distill.json (docs/objective.md, On-policy distillation).
 """
 
 import argparse
@@ -42,9 +43,10 @@ def accuracy(root: Path, count: int) -> list[float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument("--iterations", type=int, default=4)
     parser.add_argument("--layers", type=int, default=1, help="the student's layers (the teacher has 4)")
-    parser.add_argument("--student-sft", type=int, default=200, help="the student's warm-up steps")
+    parser.add_argument("--teacher-sft", type=int, default=2000, help="the teacher's warm-up steps")
+    parser.add_argument("--student-sft", type=int, default=520, help="the student's warm-up steps")
     parser.add_argument("--coef", type=float, default=1.0, help="train.distill_coef")
     parser.add_argument("--keep", action="store_true", help="keep build/bench/distill/ (the workspaces)")
     args = parser.parse_args()
@@ -53,8 +55,8 @@ def main() -> int:
     for name in ("teacher", "student"):
         (work / name).mkdir(parents=True)
 
-    print("[distill] the teacher: the default's bootstrap (dvc repro bootstrap)", flush=True)
-    env = workspace.scratch(work / "teacher", {})
+    print(f"[distill] the teacher: the default, {args.teacher_sft} warm-up steps", flush=True)
+    env = workspace.scratch(work / "teacher", {"bootstrap": {"sft_steps": args.teacher_sft}})
     repro(work / "teacher", env, "bootstrap")
     teacher = work / "teacher/checkpoints/000"
     student = {"model": {"layers": args.layers}, "bootstrap": {"sft_steps": args.student_sft}}
@@ -65,8 +67,9 @@ def main() -> int:
     arms = {"grpo": {"train": {"objective": "grpo"}},
             "grpo+distill": {"score": {"teacher": str(teacher)},
                              "train": {"objective": "grpo+distill", "distill_coef": args.coef}}}
-    results = {"teacher_heldout_accuracy": json.loads((work / "teacher/metrics/eval/000.json").read_text())
-               ["heldout_accuracy"], "layers": args.layers, "student_sft": args.student_sft, "arms": {}}
+    teacher_accuracy = json.loads((work / "teacher/metrics/eval/000.json").read_text())["heldout_accuracy"]
+    results = {"teacher_heldout_accuracy": teacher_accuracy, "layers": args.layers, "teacher_sft": args.teacher_sft,
+               "student_sft": args.student_sft, "arms": {}}
     for name, params in arms.items():
         root = work / name.replace("+", "-")
         workspace.clone(work / "student", root, params)

@@ -149,16 +149,20 @@ class RolloutGRPOTrainer(GRPOTrainer):
                 padding_value=-math.log(k), padding_side="right").to(device)
         return batch
 
-    def _distill_kl(self, model, inputs) -> torch.Tensor:
-        """The per-token reverse KL to the teacher over its top k (burstrl.rl.objective.topk_reverse_kl): the
-        student's logprobs at the teacher's top-k ids need the full next-token distribution, so one more forward
-        pass with the LM head's logits (TRL's fused head gives only the sampled token's)."""
+    def _forward_with_teacher(self, model, inputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per-token logprobs, entropies and reverse KL to the teacher over its top k
+        (burstrl.rl.objective.topk_reverse_kl) from one forward pass with the LM head's logits: the student's
+        logprobs at the teacher's top-k ids need the whole next-token distribution, which TRL's fused head (the
+        path without a teacher) does not give."""
         completion_ids = inputs["completion_ids"]
         logits = model(input_ids=torch.cat([inputs["prompt_ids"], completion_ids], dim=1),
                        attention_mask=torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1),
                        logits_to_keep=completion_ids.size(1) + 1).logits[:, :-1]
-        student = torch.log_softmax(logits.float(), -1).gather(-1, inputs["teacher_topk_ids"])
-        return objective.topk_reverse_kl(student, inputs["teacher_topk_logprobs"])
+        full = torch.log_softmax(logits.float() / self.temperature, -1)
+        logps = full.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+        entropies = -(full.exp() * full).sum(-1)
+        student = full.gather(-1, inputs["teacher_topk_ids"])
+        return logps, entropies, objective.topk_reverse_kl(student, inputs["teacher_topk_logprobs"])
 
     def _exact_logprobs(self, inputs, prompt_ids, prompt_mask, completion_ids, completion_mask, proximal):
         """Each row's logprobs under the exact checkpoint of the version that sampled it (its sampler's weights
@@ -225,21 +229,24 @@ class RolloutGRPOTrainer(GRPOTrainer):
         return (sums[0] / sums[1].clamp(min=1.0)).item()
 
     def _compute_loss(self, model, inputs):
-        completion_ids = inputs["completion_ids"]
-        logps, entropies, _ = self._get_per_token_logps_and_entropies(
-            model, torch.cat([inputs["prompt_ids"], completion_ids], dim=1),
-            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1), completion_ids.size(1),
-            compute_entropy=True,
-        )
-        mask = inputs["loss_mask"]
         t = self.train_config
+        completion_ids = inputs["completion_ids"]
+        distill = None
+        if t.objective == "grpo":
+            logps, entropies, _ = self._get_per_token_logps_and_entropies(
+                model, torch.cat([inputs["prompt_ids"], completion_ids], dim=1),
+                torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1), completion_ids.size(1),
+                compute_entropy=True,
+            )
+        else:
+            logps, entropies, distill = self._forward_with_teacher(model, inputs)
+        mask = inputs["loss_mask"]
         # TRL's normalizers, kept term for term so the equivalence test holds for any accumulation and process
         # count: dapo divides by this step's share of the generation batch's tokens on all processes, the
         # others by the accumulation steps.
         accumulation = self.current_gradient_accumulation_steps
         tokens = (inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
                   * accumulation / self.args.steps_per_generation)
-        distill = self._distill_kl(model, inputs) if t.objective != "grpo" else None
         terms = objective.grpo_loss(
             logps, inputs["old_per_token_logps"], inputs["advantages"], inputs["importance_sampling_ratio"],
             inputs.get("ref_per_token_logps"), mask, beta=self.beta, kl_estimator=t.kl_estimator,
