@@ -447,6 +447,11 @@ class Config:
     def rollouts_per_iteration(self) -> int:
         return self.generate.prompts_per_iteration * self.generate.num_generations
 
+    @property
+    def rl_seed(self) -> int:
+        """The seed of the prompt draws, the sampling seeds and training: what a sweep's seeds vary."""
+        return self.seed + self.generate.seed
+
 
 def load_config(path: Path | str = "params.yaml") -> Config:
     """params.yaml merged over the defaults; unknown keys and wrong types fail here, naming the key."""

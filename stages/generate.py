@@ -44,7 +44,7 @@ if __name__ == "__main__":
         variant = read_variant(weights, meta) if args.weights else "checkpoint"
         tokenizer = AutoTokenizer.from_pretrained(policy)
         task_file = Path("data/task/train.parquet")
-        seed = cfg.seed + g.seed
+        seed = cfg.rl_seed
         prompts = draw_prompts(read_task(task_file), g.prompts_per_iteration, seed=seed, iteration=int(args.iteration))
         # One seed per prompt: a group, and so a shard, can be regenerated alone and come out the same.
         seeds = [seed * 1_000_003 + int(args.iteration) * 100_003 + pid for pid in prompts["prompt_id"].to_pylist()]

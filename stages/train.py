@@ -82,12 +82,12 @@ if __name__ == "__main__":
         processes = int(os.environ.get("WORLD_SIZE", "1"))
         grpo_args = grpo_config(output_dir=str(resume.ROOT / "train" / args.iteration), rollouts=len(table),
                                 train=cfg.train, temperature=temperature, max_completion_length=g.max_tokens,
-                                num_generations=g.num_generations, seed=cfg.seed + g.seed, processes=processes)
+                                num_generations=g.num_generations, seed=cfg.rl_seed, processes=processes)
         main = grpo_args.process_index == 0
         # The main process checks, and may discard, saved progress before the other ranks look at it.
         with grpo_args.main_process_first(desc="train work directory"):
             work = resume.WorkDir("train", args.iteration, {
-                "scored": file_sha256(source), "parent": parent_meta["content_hash"], "seed": cfg.seed + g.seed,
+                "scored": file_sha256(source), "parent": parent_meta["content_hash"], "seed": cfg.rl_seed,
                 "generate": [g.num_generations, g.max_tokens, g.prompts_per_iteration], "train": asdict(cfg.train),
                 "processes": processes,  # each rank saved its own share of the batch and RNG state
             }, outputs=(out, *(Path(p.format(args.iteration)) for p in (

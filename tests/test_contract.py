@@ -12,6 +12,7 @@ from burstrl.data.contract import (
     ROLLOUT_FIELDS,
     SCORED_FIELDS,
     TASK_FIELDS,
+    TEACHER_FIELDS,
     check_tokens,
     read_rollouts,
     read_scored,
@@ -105,6 +106,32 @@ def test_advantages_that_do_not_sum_to_zero_in_a_group_are_rejected(tmp_path):
     rows[2]["advantage"] = 0.9
     with pytest.raises(ContractError, match="row 2 .* field 'advantage': group 1 sums to 1.4"):
         read_scored(write(tmp_path, rows, SCORED_FIELDS))
+
+
+def teacher_rows():
+    """Scored rows with a teacher's columns: two completion tokens, top 2 at each."""
+    rows = rollout_rows()
+    for row in rows:
+        row.update(teacher_logprobs=[-0.7, -0.2], teacher_topk_ids=[[5, 7], [2, 9]],
+                   teacher_topk_logprobs=[[-0.5, -1.5], [-0.2, -2.0]])
+    return rows
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda r: r.update(teacher_topk_logprobs=[[-1.5, -0.5], [-0.2, -2.0]]),
+     "field 'teacher_topk_logprobs': holds \\[-1.5, -0.5\\] at token 0; .* most likely first"),
+    (lambda r: r.update(teacher_topk_ids=[[5], [2, 9]]),
+     "field 'teacher_topk_ids': has 1 ids and 2 logprobs at token 0"),
+    (lambda r: r.update(teacher_topk_logprobs=[[-0.1, -0.2], [-0.2, -2.0]]),
+     "at token 0 sums to probability 1.7236 > 1"),
+    (lambda r: r.update(teacher_logprobs=[-0.7]), "field 'teacher_logprobs': has 1 values for 2 completion tokens"),
+])
+def test_bad_teacher_columns_are_named(tmp_path, change, message):
+    rows = teacher_rows()
+    assert read_scored(write(tmp_path, rows, SCORED_FIELDS + TEACHER_FIELDS)).num_rows == 4
+    change(rows[3])
+    with pytest.raises(ContractError, match=f"row 3 .*{message}"):
+        read_scored(write(tmp_path, rows, SCORED_FIELDS + TEACHER_FIELDS))
 
 
 def test_task_table_with_duplicate_prompt_ids_is_rejected(tmp_path):

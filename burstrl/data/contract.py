@@ -221,9 +221,8 @@ def _check_teacher(path, table):
             if any(not math.isfinite(v) or v > 0 for v in at_top) or at_top != sorted(at_top, reverse=True):
                 fail(path, row, "teacher_topk_logprobs", f"holds {at_top} at token {i}; logprobs must be finite, <= 0 "
                      "and most likely first", table)
-            if sum(math.exp(v) for v in at_top) > 1 + 1e-3:
-                fail(path, row, "teacher_topk_logprobs", f"at token {i} sums to probability "
-                     f"{sum(math.exp(v) for v in at_top):.4f} > 1", table)
+            if (mass := sum(math.exp(v) for v in at_top)) > 1 + 1e-3:
+                fail(path, row, "teacher_topk_logprobs", f"at token {i} sums to probability {mass:.4f} > 1", table)
 
 
 def read_scored(path: Path) -> pa.Table:

@@ -159,13 +159,4 @@ def top_logprobs(llm, prompt_ids: list[list[int]], completion_ids: list[list[int
 
 def token_logprobs(llm, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
     """The engine's policy's logprob of each completion token given its prompt, at temperature 1."""
-    from vllm import SamplingParams
-
-    params = SamplingParams(max_tokens=1, prompt_logprobs=0)
-    seqs = [{"prompt_token_ids": p + c} for p, c in zip(prompt_ids, completion_ids, strict=True)]
-    outputs = llm.generate(seqs, params, use_tqdm=True)
-    result = []
-    for out, comp in zip(outputs, completion_ids, strict=True):
-        tail = out.prompt_logprobs[len(out.prompt_logprobs) - len(comp):]
-        result.append([step[tok].logprob for step, tok in zip(tail, comp, strict=True)])
-    return result
+    return [view.logprobs for view in top_logprobs(llm, prompt_ids, completion_ids, 0)]
